@@ -1,0 +1,45 @@
+# SM90 kernels and the runtime that launches them. Included from the top-level CMakeLists.
+#
+# Kernels are built only for sm_90a (wgmma, setmaxnreg, TMA need the "a" target); nvcc needs no
+# GPU to do so, so CI compiles every translation unit even though it cannot run them.
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+
+# CMake 3.25 does not know that nvcc 13 speaks C++20 (and CUDA targets inherit CXX_STANDARD 20):
+# teach it the flag.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+  set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+endif()
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+# The -gencode form: "-arch=sm_90a" also runs a plain sm_90 pass that rejects wgmma.
+set(CMAKE_CUDA_ARCHITECTURES OFF)
+set(FLASHGDN_CUDA_FLAGS
+  -gencode=arch=compute_90a,code=sm_90a
+  -lineinfo
+  --expt-relaxed-constexpr
+  -Xptxas=--warn-on-spills
+  -Xptxas=--warn-on-local-memory-usage)
+if(FLASHGDN_PTXAS_VERBOSE)
+  list(APPEND FLASHGDN_CUDA_FLAGS -Xptxas=-v)
+endif()
+
+file(GLOB FLASHGDN_KERNEL_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/src/kernels/sm90/*.cu
+  ${PROJECT_SOURCE_DIR}/src/kernels/sm90/instantiations/*.cu)
+file(GLOB FLASHGDN_RUNTIME_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/src/runtime/*.cu
+  ${PROJECT_SOURCE_DIR}/src/runtime/*.cpp)
+list(REMOVE_ITEM FLASHGDN_RUNTIME_SOURCES ${PROJECT_SOURCE_DIR}/src/runtime/no_kernels.cpp)
+
+add_library(flashgdn STATIC ${FLASHGDN_RUNTIME_SOURCES} ${FLASHGDN_KERNEL_SOURCES})
+target_include_directories(flashgdn PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(flashgdn PUBLIC flashgdn_host CUDA::cudart_static CUDA::cuda_driver)
+target_compile_options(flashgdn PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:${FLASHGDN_CUDA_FLAGS}>
+  $<$<COMPILE_LANGUAGE:CXX>:${FLASHGDN_WARNINGS}>)
+target_compile_definitions(flashgdn PUBLIC FLASHGDN_WITH_KERNELS=1)
+set_target_properties(flashgdn PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)

@@ -1,0 +1,78 @@
+// flashgdn public C++ API: descriptions of a forward and a backward GDN problem.
+//
+// The operation, per sequence and value head h, tokens t (DESIGN §1):
+//     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = scale * S_t^T q_t
+// with S in R^{K x V}, g_t <= 0 a log-space forget gate, beta_t in (0,1). v-head h reads q/k head
+// h / (Hv / Hqk). With use_qk_l2norm_in_kernel, q and k are first L2-normalised:
+//     x / sqrt(sum(x^2) + 1e-6).
+//
+// Tensor dimensions (strides in elements, TensorRef::strides in this order):
+//     q, k            (batch, token, qk_head, K)
+//     v, o, d_o, dv   (batch, token, v_head, V)
+//     g, beta, dg, dbeta  (batch, token, v_head)
+//     states          (sequence, v_head, K, V) for StateLayout::kKV, (sequence, v_head, V, K) for kVK
+//     dq, dk          (batch, token, qk_head, K)   (summed over each group of Hv/Hqk v-heads)
+// Batch mode: `batch` sequences of `seqlen` tokens each. Varlen mode: batch == 1, the sequences
+// are packed along the token axis and described by cu_seqlens (num_seqs + 1 offsets,
+// non-decreasing, cu_seqlens[0] == 0, cu_seqlens[num_seqs] <= seqlen). Tokens past
+// cu_seqlens[num_seqs] are padding: their o (and gradients) are written as zeros.
+#pragma once
+
+#include <optional>
+
+#include "flashgdn/types.h"
+
+namespace flashgdn {
+
+struct Shape {
+  int64_t batch = 1;         // B: equal-length sequences, or 1 in varlen mode
+  int64_t seqlen = 0;        // T: tokens per batch entry (all packed tokens in varlen mode)
+  int32_t num_qk_heads = 0;  // Hqk
+  int32_t num_v_heads = 0;   // Hv, a multiple of Hqk
+  int32_t head_dim_k = 128;  // K
+  int32_t head_dim_v = 128;  // V
+};
+
+// Packed variable-length sequences. Absent (cu_seqlens == nullptr) means batch mode.
+struct Varlen {
+  const void* cu_seqlens = nullptr;          // num_seqs + 1 offsets, on the device (host for the reference)
+  DType dtype = DType::kI32;                 // kI32 or kI64
+  int64_t num_seqs = 0;                      // N
+  const int64_t* cu_seqlens_host = nullptr;  // optional host copy: lets the host plan without a device sync
+
+  bool present() const { return cu_seqlens != nullptr; }
+};
+
+// Everything the forward reads; the backward reads the same.
+struct Inputs {
+  Shape shape;
+  Varlen varlen;
+  TensorRef q, k, v;       // bf16 or fp16 (the reference also takes fp32/fp64); q, k, v share a dtype
+  TensorRef g;             // fp32 log-space gate, <= 0 (the reference also takes fp64)
+  TensorRef beta;          // fp32 or bf16
+  TensorRef initial_state; // optional, fp32, states layout
+  StateLayout state_layout = StateLayout::kKV;
+  std::optional<float> scale;  // default K^-1/2
+  bool use_qk_l2norm_in_kernel = false;
+
+  int64_t num_sequences() const { return varlen.present() ? varlen.num_seqs : shape.batch; }
+  float effective_scale() const;
+};
+
+struct ForwardProblem {
+  Inputs in;
+  TensorRef o;            // output, dtype of v
+  TensorRef final_state;  // optional output, fp32, states layout; may alias in.initial_state exactly
+};
+
+struct BackwardProblem {
+  Inputs in;
+  TensorRef d_o;              // gradient of o, dtype of v
+  TensorRef d_final_state;    // optional, fp32, states layout
+  TensorRef dq, dk, dv;       // outputs, dtype of q/k/v
+  TensorRef dg;               // output, fp32: gradient w.r.t. the raw per-token gate g
+  TensorRef dbeta;            // output, dtype of beta
+  TensorRef d_initial_state;  // output, fp32; required exactly when in.initial_state is present
+};
+
+}  // namespace flashgdn

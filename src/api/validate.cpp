@@ -1,0 +1,351 @@
+// Validation of forward and backward problems. Every failure names the argument (with the
+// Python API's name for it) and says what is wrong. Reads no device memory; cu_seqlens offsets are
+// checked through the optional host copy (or directly, for the host reference).
+#include "api/validate.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/host_dtype.h"
+#include "flashgdn/flashgdn.h"
+
+namespace flashgdn::detail {
+namespace {
+
+Status invalid(const std::string& message) { return {StatusCode::kInvalidArgument, message}; }
+Status unsupported(const std::string& message) { return {StatusCode::kNotSupported, message}; }
+
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+bool is_float(DType d) {
+  return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32 || d == DType::kF64;
+}
+
+// A tensor argument: its name, view, and the extents of its dimensions.
+struct Arg {
+  const char* name;
+  const TensorRef* ref;
+  int rank;
+  std::array<int64_t, 4> extents;
+
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= extents[i];
+    return n;
+  }
+  // Byte range [lo, hi) the view can touch; empty when any extent is 0.
+  std::pair<uintptr_t, uintptr_t> byte_range() const {
+    if (elements() == 0) return {0, 0};
+    int64_t last = 0;
+    for (int i = 0; i < rank; ++i) last += (extents[i] - 1) * ref->strides[i];
+    const auto base = reinterpret_cast<uintptr_t>(ref->data);
+    return {base, base + static_cast<uintptr_t>((last + 1) * dtype_size(ref->dtype))};
+  }
+};
+
+std::string dims_text(const Arg& a) {
+  std::ostringstream out;
+  out << "[";
+  for (int i = 0; i < a.rank; ++i) out << (i ? ", " : "") << a.extents[i];
+  out << "]";
+  return out.str();
+}
+
+// Strides: non-negative; an output must not map two indices to one element.
+Status check_strides(const Arg& a, bool is_output) {
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.ref->strides[i] < 0)
+      return invalid(cat(a.name, ": negative stride ", a.ref->strides[i], " in dimension ", i));
+  }
+  if (!is_output || a.elements() == 0) return {};
+  int order[4] = {0, 1, 2, 3};  // dimensions by increasing stride (insertion sort of <= 4)
+  for (int i = 1; i < a.rank; ++i)
+    for (int j = i; j > 0 && a.ref->strides[order[j]] < a.ref->strides[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
+  int64_t span = 1;  // elements covered by the dimensions sorted so far
+  for (int j = 0; j < a.rank; ++j) {
+    const int d = order[j];
+    if (a.extents[d] == 1) continue;
+    if (a.ref->strides[d] < span)
+      return invalid(cat(a.name, ": strides make the output overlap itself (dimension ", d,
+                         " has stride ", a.ref->strides[d], ")"));
+    span = a.ref->strides[d] * a.extents[d];
+  }
+  return {};
+}
+
+// What the SM90 kernels read with 16-byte vectors / TMA: unit stride on the last dimension,
+// other strides and the base address 16-byte aligned.
+Status check_device_layout(const Arg& a) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(a.ref->dtype));
+  if (a.rank == 4) {  // rows of head-dim vectors (q, k, v, o, states and their gradients)
+    if (a.ref->strides[a.rank - 1] != 1)
+      return invalid(cat(a.name, ": the last dimension must be contiguous (stride 1), got stride ",
+                         a.ref->strides[a.rank - 1]));
+    for (int i = 0; i < a.rank - 1; ++i) {
+      if (a.extents[i] > 1 && (a.ref->strides[i] * elem) % 16 != 0)
+        return invalid(cat(a.name, ": stride ", a.ref->strides[i], " of dimension ", i,
+                           " is not a multiple of 16 bytes"));
+    }
+    if (reinterpret_cast<uintptr_t>(a.ref->data) % 16 != 0)
+      return invalid(cat(a.name, ": data pointer is not 16-byte aligned"));
+  } else if (reinterpret_cast<uintptr_t>(a.ref->data) % elem != 0) {
+    return invalid(cat(a.name, ": data pointer is not aligned to its element size"));
+  }
+  return {};
+}
+
+Status check_tensor(const Arg& a, bool required, bool is_output, Target target) {
+  if (!a.ref->present()) {
+    return required ? invalid(cat(a.name, ": null pointer (required, shape ", dims_text(a), ")"))
+                    : Status{};
+  }
+  bool same_shape = a.ref->rank == a.rank;
+  for (int i = 0; same_shape && i < a.rank; ++i) same_shape = a.ref->sizes[i] == a.extents[i];
+  if (!same_shape) {
+    std::ostringstream given;
+    given << "[";
+    for (int i = 0; i < a.ref->rank && i < 4; ++i) given << (i ? ", " : "") << a.ref->sizes[i];
+    given << "]";
+    return invalid(cat(a.name, ": shape ", given.str(), " does not match the expected ", dims_text(a)));
+  }
+  if (auto s = check_strides(a, is_output); !s.ok()) return s;
+  if (target == Target::kDevice) return check_device_layout(a);
+  return {};
+}
+
+Status check_dtype(const Arg& a, std::initializer_list<DType> allowed) {
+  if (!a.ref->present()) return {};
+  for (DType d : allowed)
+    if (a.ref->dtype == d) return {};
+  std::string names;
+  for (DType d : allowed) names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return invalid(cat(a.name, ": dtype must be ", names, ", got ", dtype_name(a.ref->dtype)));
+}
+
+Status check_same_dtype(const Arg& a, const Arg& b) {
+  if (!a.ref->present() || !b.ref->present() || a.ref->dtype == b.ref->dtype) return {};
+  return invalid(cat(a.name, ": dtype ", dtype_name(a.ref->dtype), " differs from ", b.name,
+                     "'s ", dtype_name(b.ref->dtype)));
+}
+
+// Each output must share no byte with any other argument, except a state output that is exactly
+// the same view as the state input (in-place update).
+// `in_place` names the one (input, output) pair allowed to be the identical view, if any.
+Status check_overlaps(const std::vector<Arg>& inputs, const std::vector<Arg>& outputs,
+                      std::pair<const char*, const char*> in_place = {nullptr, nullptr}) {
+  auto same_view = [](const Arg& x, const Arg& y) {
+    return x.ref->data == y.ref->data && x.ref->dtype == y.ref->dtype &&
+           std::equal(x.ref->strides, x.ref->strides + x.rank, y.ref->strides);
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Arg& out = outputs[i];
+    if (!out.ref->present()) continue;
+    const auto [lo, hi] = out.byte_range();
+    if (lo == hi) continue;
+    auto clash = [&](const Arg& other) {
+      if (!other.ref->present()) return false;
+      const auto [olo, ohi] = other.byte_range();
+      return olo != ohi && lo < ohi && olo < hi;
+    };
+    for (const Arg& in : inputs) {
+      if (!clash(in)) continue;
+      if (in.name == in_place.first && out.name == in_place.second && same_view(in, out)) continue;
+      return invalid(cat(out.name, ": output memory overlaps input ", in.name));
+    }
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (clash(outputs[j]))
+        return invalid(cat(out.name, ": output memory overlaps output ", outputs[j].name));
+    }
+  }
+  return {};
+}
+
+Status check_shape(const Inputs& in, Target target) {
+  const Shape& s = in.shape;
+  if (s.num_qk_heads <= 0) return invalid(cat("num_qk_heads: must be positive, got ", s.num_qk_heads));
+  if (s.num_v_heads <= 0) return invalid(cat("num_v_heads: must be positive, got ", s.num_v_heads));
+  if (s.num_v_heads % s.num_qk_heads != 0)
+    return invalid(cat("num_v_heads: ", s.num_v_heads, " is not a multiple of num_qk_heads ",
+                       s.num_qk_heads));
+  if (s.head_dim_k <= 0 || s.head_dim_v <= 0)
+    return invalid(cat("head_dim: must be positive, got K=", s.head_dim_k, " V=", s.head_dim_v));
+  if (target == Target::kDevice && (s.head_dim_k != 128 || s.head_dim_v != 128))
+    return unsupported(cat("head_dim: the SM90 kernels support K = V = 128, got K=", s.head_dim_k,
+                           " V=", s.head_dim_v));
+  if (s.batch <= 0) return invalid(cat("batch: must be positive, got ", s.batch));
+  if (s.seqlen < 0) return invalid(cat("seqlen: must be non-negative, got ", s.seqlen));
+  return {};
+}
+
+Status check_offsets(const char* name, int64_t num_seqs, int64_t seqlen, auto&& offset_at) {
+  if (offset_at(0) != 0) return invalid(cat(name, ": first offset must be 0, got ", offset_at(0)));
+  for (int64_t i = 1; i <= num_seqs; ++i) {
+    const int64_t a = offset_at(i - 1), b = offset_at(i);
+    if (b < 0) return invalid(cat(name, ": offset ", i, " is negative (", b, ")"));
+    if (b < a)
+      return invalid(cat(name, ": offsets must be non-decreasing, but cu_seqlens[", i, "] = ", b,
+                         " < cu_seqlens[", i - 1, "] = ", a));
+  }
+  if (offset_at(num_seqs) > seqlen)
+    return invalid(cat(name, ": last offset ", offset_at(num_seqs), " exceeds the ", seqlen,
+                       " tokens of the packed tensors"));
+  return {};
+}
+
+Status check_varlen(const Inputs& in, Target target) {
+  const Varlen& vl = in.varlen;
+  if (!vl.present()) {
+    if (vl.cu_seqlens_host != nullptr)
+      return invalid("cu_seqlens: a host copy was given without the device tensor");
+    return {};
+  }
+  if (in.shape.batch != 1)
+    return invalid(cat("cu_seqlens: packed sequences need batch == 1, got batch ", in.shape.batch));
+  if (vl.dtype != DType::kI32 && vl.dtype != DType::kI64)
+    return invalid(cat("cu_seqlens: dtype must be int32 or int64, got ", dtype_name(vl.dtype)));
+  if (vl.num_seqs < 1) return invalid(cat("cu_seqlens: needs at least 2 entries (num_seqs >= 1), got num_seqs ", vl.num_seqs));
+  if (vl.dtype == DType::kI32 && in.shape.seqlen > INT32_MAX)
+    return invalid("cu_seqlens: int32 offsets cannot address more than 2^31-1 tokens; use int64");
+  if (target == Target::kHost) {
+    return check_offsets("cu_seqlens", vl.num_seqs, in.shape.seqlen,
+                         [&](int64_t i) { return load_index(vl.cu_seqlens, vl.dtype, i); });
+  }
+  if (vl.cu_seqlens_host != nullptr) {
+    return check_offsets("cu_seqlens", vl.num_seqs, in.shape.seqlen,
+                         [&](int64_t i) { return vl.cu_seqlens_host[i]; });
+  }
+  return {};
+}
+
+// The arguments every problem reads.
+struct InputArgs {
+  Arg q, k, v, g, beta, initial_state;
+};
+
+InputArgs input_args(const Inputs& in) {
+  const Shape& s = in.shape;
+  const int64_t B = s.batch, T = s.seqlen, N = in.num_sequences();
+  const int64_t rows = in.state_layout == StateLayout::kKV ? s.head_dim_k : s.head_dim_v;
+  const int64_t cols = in.state_layout == StateLayout::kKV ? s.head_dim_v : s.head_dim_k;
+  return {
+      {"q", &in.q, 4, {B, T, s.num_qk_heads, s.head_dim_k}},
+      {"k", &in.k, 4, {B, T, s.num_qk_heads, s.head_dim_k}},
+      {"v", &in.v, 4, {B, T, s.num_v_heads, s.head_dim_v}},
+      {"g", &in.g, 3, {B, T, s.num_v_heads, 1}},
+      {"beta", &in.beta, 3, {B, T, s.num_v_heads, 1}},
+      {"initial_state", &in.initial_state, 4, {N, s.num_v_heads, rows, cols}},
+  };
+}
+
+Arg like(const char* name, const TensorRef* ref, const Arg& shape_of) {
+  return {name, ref, shape_of.rank, shape_of.extents};
+}
+
+Status check_inputs(const Inputs& in, const InputArgs& a, Target target) {
+  if (auto s = check_shape(in, target); !s.ok()) return s;
+  if (auto s = check_varlen(in, target); !s.ok()) return s;
+  for (const Arg* arg : {&a.q, &a.k, &a.v, &a.g, &a.beta})
+    if (auto s = check_tensor(*arg, true, false, target); !s.ok()) return s;
+  if (auto s = check_tensor(a.initial_state, false, false, target); !s.ok()) return s;
+
+  if (target == Target::kDevice) {
+    if (auto s = check_dtype(a.q, {DType::kBF16, DType::kF16}); !s.ok()) return s;
+    if (auto s = check_dtype(a.g, {DType::kF32}); !s.ok()) return s;
+    if (auto s = check_dtype(a.beta, {DType::kF32, DType::kBF16}); !s.ok()) return s;
+    if (auto s = check_dtype(a.initial_state, {DType::kF32}); !s.ok()) return s;
+  } else {
+    for (const Arg* arg : {&a.q, &a.g, &a.beta, &a.initial_state}) {
+      if (arg->ref->present() && !is_float(arg->ref->dtype))
+        return invalid(cat(arg->name, ": dtype must be a floating type, got ", dtype_name(arg->ref->dtype)));
+    }
+  }
+  if (auto s = check_same_dtype(a.k, a.q); !s.ok()) return s;
+  if (auto s = check_same_dtype(a.v, a.q); !s.ok()) return s;
+  if (in.scale.has_value() && !(*in.scale == *in.scale))
+    return invalid("scale: is NaN");
+  return {};
+}
+
+}  // namespace
+
+Status validate_forward(const ForwardProblem& p, Target target) {
+  const InputArgs a = input_args(p.in);
+  if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
+  const Arg o = like("o", &p.o, a.v);
+  const Arg final_state = like("final_state", &p.final_state, a.initial_state);
+  if (auto s = check_tensor(o, true, true, target); !s.ok()) return s;
+  if (auto s = check_tensor(final_state, false, true, target); !s.ok()) return s;
+  if (auto s = check_same_dtype(o, a.v); !s.ok()) return s;
+  if (target == Target::kDevice) {
+    if (auto s = check_dtype(final_state, {DType::kF32}); !s.ok()) return s;
+  } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
+    return invalid("final_state: dtype must be a floating type");
+  }
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {o, final_state},
+                        {a.initial_state.name, final_state.name});
+}
+
+Status validate_backward(const BackwardProblem& p, Target target) {
+  const InputArgs a = input_args(p.in);
+  if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
+  const Arg d_o = like("do", &p.d_o, a.v);
+  const Arg d_final_state = like("dht", &p.d_final_state, a.initial_state);
+  const Arg dq = like("dq", &p.dq, a.q);
+  const Arg dk = like("dk", &p.dk, a.k);
+  const Arg dv = like("dv", &p.dv, a.v);
+  const Arg dg = like("dg", &p.dg, a.g);
+  const Arg dbeta = like("dbeta", &p.dbeta, a.beta);
+  const Arg dh0 = like("dh0", &p.d_initial_state, a.initial_state);
+
+  if (auto s = check_tensor(d_o, true, false, target); !s.ok()) return s;
+  if (auto s = check_tensor(d_final_state, false, false, target); !s.ok()) return s;
+  for (const Arg* out : {&dq, &dk, &dv, &dg, &dbeta})
+    if (auto s = check_tensor(*out, true, true, target); !s.ok()) return s;
+  if (p.in.initial_state.present() != p.d_initial_state.present()) {
+    return invalid(p.in.initial_state.present()
+                       ? "dh0: required (null) because an initial_state was given"
+                       : "dh0: given, but there is no initial_state to differentiate");
+  }
+  if (auto s = check_tensor(dh0, false, true, target); !s.ok()) return s;
+
+  if (auto s = check_same_dtype(d_o, a.v); !s.ok()) return s;
+  if (auto s = check_same_dtype(dq, a.q); !s.ok()) return s;
+  if (auto s = check_same_dtype(dk, a.k); !s.ok()) return s;
+  if (auto s = check_same_dtype(dv, a.v); !s.ok()) return s;
+  if (auto s = check_same_dtype(dbeta, a.beta); !s.ok()) return s;
+  if (target == Target::kDevice) {
+    if (auto s = check_dtype(dg, {DType::kF32}); !s.ok()) return s;
+    if (auto s = check_dtype(d_final_state, {DType::kF32}); !s.ok()) return s;
+    if (auto s = check_dtype(dh0, {DType::kF32}); !s.ok()) return s;
+  } else {
+    for (const Arg* arg : {&dg, &d_final_state, &dh0})
+      if (arg->ref->present() && !is_float(arg->ref->dtype))
+        return invalid(cat(arg->name, ": dtype must be a floating type"));
+  }
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state},
+                        {dq, dk, dv, dg, dbeta, dh0});
+}
+
+}  // namespace flashgdn::detail
+
+namespace flashgdn {
+
+Status validate_forward(const ForwardProblem& problem) {
+  return detail::validate_forward(problem, detail::Target::kDevice);
+}
+Status validate_backward(const BackwardProblem& problem) {
+  return detail::validate_backward(problem, detail::Target::kDevice);
+}
+
+}  // namespace flashgdn

@@ -1,0 +1,333 @@
+// Validation of the GPU entry points: every bad argument gives a clear error naming it.
+// Pointers here address a host arena: validation must never dereference tensor data.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/validate.h"
+#include "flashgdn/flashgdn.h"
+
+namespace flashgdn {
+namespace {
+
+constexpr int64_t kB = 2, kT = 100, kHqk = 2, kHv = 4, kD = 128;
+
+// Hands out disjoint, 256-byte aligned addresses inside one host arena.
+class Arena {
+ public:
+  void* take(size_t bytes) {
+    const size_t at = used_;
+    used_ += (bytes + 255) / 256 * 256;
+    EXPECT_LE(used_, storage_.size());
+    return storage_.data() + at;
+  }
+  std::byte* base() { return storage_.data(); }
+
+ private:
+  alignas(256) std::vector<std::byte> storage_ = std::vector<std::byte>(8 << 20);
+  size_t used_ = 256;  // storage_.data() itself is 16-byte aligned at least; keep offset aligned
+};
+
+TensorRef tensor(Arena& arena, DType dtype, std::initializer_list<int64_t> sizes) {
+  int64_t n = 1;
+  for (int64_t e : sizes) n *= e;
+  return TensorRef::contiguous(arena.take(static_cast<size_t>(n) * dtype_size(dtype)), dtype, sizes);
+}
+
+struct Fixture {
+  Arena arena;
+  ForwardProblem fwd;
+  BackwardProblem bwd;
+  std::vector<int64_t> cu_host;
+
+  Fixture() {
+    Inputs& in = fwd.in;
+    in.shape = {kB, kT, kHqk, kHv, kD, kD};
+    in.q = tensor(arena, DType::kBF16, {kB, kT, kHqk, kD});
+    in.k = tensor(arena, DType::kBF16, {kB, kT, kHqk, kD});
+    in.v = tensor(arena, DType::kBF16, {kB, kT, kHv, kD});
+    in.g = tensor(arena, DType::kF32, {kB, kT, kHv});
+    in.beta = tensor(arena, DType::kF32, {kB, kT, kHv});
+    in.initial_state = tensor(arena, DType::kF32, {kB, kHv, kD, kD});
+    fwd.o = tensor(arena, DType::kBF16, {kB, kT, kHv, kD});
+    fwd.final_state = tensor(arena, DType::kF32, {kB, kHv, kD, kD});
+
+    bwd.in = in;
+    bwd.d_o = tensor(arena, DType::kBF16, {kB, kT, kHv, kD});
+    bwd.d_final_state = tensor(arena, DType::kF32, {kB, kHv, kD, kD});
+    bwd.dq = tensor(arena, DType::kBF16, {kB, kT, kHqk, kD});
+    bwd.dk = tensor(arena, DType::kBF16, {kB, kT, kHqk, kD});
+    bwd.dv = tensor(arena, DType::kBF16, {kB, kT, kHv, kD});
+    bwd.dg = tensor(arena, DType::kF32, {kB, kT, kHv});
+    bwd.dbeta = tensor(arena, DType::kF32, {kB, kT, kHv});
+    bwd.d_initial_state = tensor(arena, DType::kF32, {kB, kHv, kD, kD});
+  }
+
+  // Switch to packed varlen: batch 1, lengths given.
+  void make_varlen(std::vector<int64_t> offsets, DType dtype = DType::kI32) {
+    cu_host = std::move(offsets);
+    for (TensorRef* t : {&fwd.in.q, &fwd.in.k, &fwd.in.v, &fwd.in.g, &fwd.in.beta, &fwd.o,
+                         &bwd.in.q, &bwd.in.k, &bwd.in.v, &bwd.in.g, &bwd.in.beta, &bwd.d_o,
+                         &bwd.dq, &bwd.dk, &bwd.dv, &bwd.dg, &bwd.dbeta})
+      t->sizes[0] = 1;  // same memory, viewed as one packed batch entry
+    for (Inputs* in : {&fwd.in, &bwd.in}) {
+      in->shape.batch = 1;
+      in->varlen.cu_seqlens = arena.take(cu_host.size() * 8);
+      in->varlen.dtype = dtype;
+      in->varlen.num_seqs = static_cast<int64_t>(cu_host.size()) - 1;
+      in->varlen.cu_seqlens_host = cu_host.data();
+    }
+    fwd.in.initial_state.data = nullptr;
+    fwd.final_state.data = nullptr;
+    bwd.in.initial_state.data = nullptr;
+    bwd.d_final_state.data = nullptr;
+    bwd.d_initial_state.data = nullptr;
+  }
+};
+
+// The error's code and that its message starts with the argument's name.
+void expect_error(const Status& s, StatusCode code, const std::string& argument) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), code) << s.message();
+  EXPECT_EQ(s.message().rfind(argument + ":", 0), 0u)
+      << "message should name '" << argument << "': " << s.message();
+}
+
+TEST(Validate, ValidProblemsPass) {
+  Fixture f;
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  EXPECT_TRUE(validate_backward(f.bwd).ok()) << validate_backward(f.bwd).message();
+  f.fwd.final_state = f.fwd.in.initial_state;  // exact in-place state update is allowed
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  f.make_varlen({0, 0, 1, 64, 100});
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  EXPECT_TRUE(validate_backward(f.bwd).ok()) << validate_backward(f.bwd).message();
+}
+
+TEST(Validate, NullPointers) {
+  for (const char* name : {"q", "k", "v", "g", "beta", "o"}) {
+    Fixture f;
+    TensorRef* refs[] = {&f.fwd.in.q, &f.fwd.in.k, &f.fwd.in.v, &f.fwd.in.g, &f.fwd.in.beta, &f.fwd.o};
+    const std::string names[] = {"q", "k", "v", "g", "beta", "o"};
+    for (int i = 0; i < 6; ++i)
+      if (names[i] == name) refs[i]->data = nullptr;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, name);
+  }
+  Fixture f;
+  f.bwd.dg.data = nullptr;
+  expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dg");
+  Fixture h;
+  h.bwd.d_o.data = nullptr;
+  expect_error(validate_backward(h.bwd), StatusCode::kInvalidArgument, "do");
+}
+
+TEST(Validate, HeadCountsAndDims) {
+  Fixture f;
+  f.fwd.in.shape.num_v_heads = 3;  // not a multiple of 2
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "num_v_heads");
+  Fixture g;
+  g.fwd.in.shape.num_qk_heads = 0;
+  expect_error(validate_forward(g.fwd), StatusCode::kInvalidArgument, "num_qk_heads");
+  Fixture h;
+  h.fwd.in.shape.head_dim_k = 64;
+  h.fwd.in.q.sizes[3] = h.fwd.in.k.sizes[3] = 64;
+  h.fwd.in.initial_state.data = h.fwd.final_state.data = nullptr;
+  expect_error(validate_forward(h.fwd), StatusCode::kNotSupported, "head_dim");
+  EXPECT_TRUE(detail::validate_forward(h.fwd, detail::Target::kHost).ok());
+  Fixture b;
+  b.fwd.in.shape.batch = 0;
+  expect_error(validate_forward(b.fwd), StatusCode::kInvalidArgument, "batch");
+}
+
+TEST(Validate, Dtypes) {
+  Fixture f;
+  f.fwd.in.q.dtype = DType::kF32;
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "q");
+  Fixture g;
+  g.fwd.in.k.dtype = DType::kF16;
+  expect_error(validate_forward(g.fwd), StatusCode::kInvalidArgument, "k");
+  Fixture h;
+  h.fwd.in.g.dtype = DType::kBF16;
+  expect_error(validate_forward(h.fwd), StatusCode::kInvalidArgument, "g");
+  Fixture b;
+  b.fwd.in.beta.dtype = DType::kF16;
+  expect_error(validate_forward(b.fwd), StatusCode::kInvalidArgument, "beta");
+  Fixture s;
+  s.fwd.in.initial_state.dtype = DType::kBF16;
+  expect_error(validate_forward(s.fwd), StatusCode::kInvalidArgument, "initial_state");
+  Fixture o;
+  o.fwd.o.dtype = DType::kF16;
+  expect_error(validate_forward(o.fwd), StatusCode::kInvalidArgument, "o");
+  Fixture d;
+  d.bwd.dg.dtype = DType::kBF16;
+  expect_error(validate_backward(d.bwd), StatusCode::kInvalidArgument, "dg");
+  Fixture e;
+  e.bwd.dbeta.dtype = DType::kBF16;  // must match beta (fp32)
+  expect_error(validate_backward(e.bwd), StatusCode::kInvalidArgument, "dbeta");
+  Fixture ok;
+  ok.fwd.in.beta.dtype = DType::kBF16;  // bf16 beta is accepted
+  EXPECT_TRUE(validate_forward(ok.fwd).ok());
+}
+
+TEST(Validate, CuSeqlens) {
+  {
+    Fixture f;
+    f.make_varlen({0, 10, 5, 100});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+    EXPECT_NE(f.fwd.in.varlen.cu_seqlens_host, nullptr);
+  }
+  {
+    Fixture f;
+    f.make_varlen({0, 10, 101});  // beyond T = 100
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+  }
+  {
+    Fixture f;
+    f.make_varlen({1, 10, 20});  // must start at 0
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+  }
+  {
+    Fixture f;
+    f.make_varlen({0, -3, 20});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+  }
+  {
+    Fixture f;
+    f.make_varlen({0, 10, 20});
+    f.fwd.in.shape.batch = 2;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+  }
+  {
+    Fixture f;
+    f.make_varlen({0, 10, 20}, DType::kF32);
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cu_seqlens");
+  }
+  {
+    Fixture f;  // without a host copy the offsets cannot be read: structure is still checked
+    f.make_varlen({0, 10, 5});
+    f.fwd.in.varlen.cu_seqlens_host = nullptr;
+    EXPECT_TRUE(validate_forward(f.fwd).ok());
+  }
+}
+
+TEST(Validate, StridesAndAlignment) {
+  {
+    Fixture f;
+    f.fwd.in.q.strides[3] = 2;  // head dim must be contiguous
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "q");
+  }
+  {
+    Fixture f;
+    f.fwd.in.v.data = static_cast<std::byte*>(f.fwd.in.v.data) + 2;  // not 16-byte aligned
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "v");
+  }
+  {
+    Fixture f;
+    f.fwd.in.k.strides[2] = 130;  // 260 bytes: not a multiple of 16
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "k");
+  }
+  {
+    Fixture f;
+    f.fwd.o.strides[1] = 0;  // every token writes the same row
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "o");
+  }
+  {
+    Fixture f;
+    f.fwd.in.g.strides[1] = -1;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "g");
+  }
+  {
+    Fixture f;  // a strided slice of a wider tensor is fine (q viewed inside a fused qkv buffer)
+    f.fwd.in.q.strides[1] = 3 * kHqk * kD;
+    f.fwd.in.q.strides[0] = kT * 3 * kHqk * kD;
+    f.fwd.in.q.data = f.arena.take(kB * kT * 3 * kHqk * kD * 2);
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  }
+}
+
+TEST(Validate, OverlappingOutputs) {
+  {
+    Fixture f;
+    f.fwd.o.data = f.fwd.in.v.data;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "o");
+  }
+  {
+    Fixture f;  // final state overlapping the initial state with a different (transposed) view
+    f.fwd.final_state = f.fwd.in.initial_state;
+    std::swap(f.fwd.final_state.strides[2], f.fwd.final_state.strides[3]);
+    f.fwd.final_state.strides[3] = 1;
+    f.fwd.final_state.strides[2] = 2 * kD;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "final_state");
+  }
+  {
+    Fixture f;
+    f.bwd.dk.data = f.bwd.dq.data;
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dq");
+  }
+  {
+    Fixture f;
+    f.bwd.dv.data = f.bwd.d_o.data;
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dv");
+  }
+}
+
+TEST(Validate, ShapeMismatch) {
+  {
+    Fixture f;  // a state of another head dim
+    f.fwd.final_state.sizes[3] = 64;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "final_state");
+  }
+  {
+    Fixture f;  // states for one sequence too few
+    f.fwd.in.initial_state.sizes[0] = kB - 1;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "initial_state");
+  }
+  {
+    Fixture f;  // v with the q/k head count
+    f.fwd.in.v.sizes[2] = kHqk;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "v");
+  }
+  {
+    Fixture f;  // g given as [B, T, Hv, 1]
+    f.fwd.in.g.rank = 4;
+    f.fwd.in.g.sizes[3] = 1;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "g");
+  }
+  {
+    Fixture f;
+    f.bwd.dq.sizes[1] = kT + 1;
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dq");
+  }
+}
+
+TEST(Validate, StateShapes) {
+  {
+    Fixture f;
+    f.bwd.d_initial_state.data = nullptr;  // initial_state given: dh0 required
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dh0");
+  }
+  {
+    Fixture f;
+    f.bwd.in.initial_state.data = nullptr;  // no initial state: dh0 must be absent
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dh0");
+  }
+  {
+    Fixture f;  // a state row stride that does not fit a V-first 128x128 state still aligned: ok;
+    f.fwd.in.initial_state.strides[3] = 2;  // but the last dimension must be contiguous
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "initial_state");
+  }
+}
+
+TEST(Validate, WorkspaceQueryAndLaunchReportErrors) {
+  Fixture f;
+  std::size_t bytes = 1;
+  EXPECT_EQ(forward_workspace_size(f.fwd, nullptr).code(), StatusCode::kInvalidArgument);
+  f.fwd.in.q.data = nullptr;
+  expect_error(forward_workspace_size(f.fwd, &bytes), StatusCode::kInvalidArgument, "q");
+  expect_error(forward(f.fwd, nullptr, 0, nullptr), StatusCode::kInvalidArgument, "q");
+}
+
+}  // namespace
+}  // namespace flashgdn
