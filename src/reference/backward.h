@@ -1,0 +1,47 @@
+// Internal interface of the float64 reference BACKWARD: one (sequence, v-head) at a time.
+//
+// Two independent derivations of the same gradients:
+//   backward_tokens  — reverse mode through the token recurrence (the oracle), with its own
+//                      forward pass and a checkpointed tape (one state per kChunk tokens);
+//   backward_chunked — reverse mode through the chunked form (C = kChunk), written the way the
+//                      SM90 backward kernel computes it; its equations are documented in
+//                      backward_chunked.cpp.
+// Both take the q/k rows AFTER the optional L2 norm (HeadInputs already holds them normalised) and
+// return dq/dk w.r.t. those normalised rows; the public entry (backward_api.cpp) applies the L2-norm
+// backward and the grouped-value-head sum.
+#pragma once
+
+#include <vector>
+
+#include "reference/core.h"
+
+namespace flashgdn::reference::bwd {
+
+// Gradients of one (sequence, v-head).
+struct HeadGrads {
+  std::vector<double> dq, dk;  // [T][K]  w.r.t. the (normalised) q, k rows the head read
+  std::vector<double> dv;      // [T][V]
+  std::vector<double> dg;      // [T]     w.r.t. the RAW per-token gate g_t
+  std::vector<double> dbeta;   // [T]
+  std::vector<double> ds0;     // [K][V]  w.r.t. the entering state
+};
+
+// Token recurrence forward of DESIGN §1 (the backward's own forward, also used by the tests'
+// finite differences): o [T][V] and the final state [K][V].
+HeadOutputs forward_tokens(const HeadInputs& h);
+
+// Reverse mode through the token recurrence. d_o is [T][V]; d_sT is [K][V] or empty (no gradient
+// flows into the final state).
+HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
+                          const std::vector<double>& d_sT);
+
+// Reverse mode through the chunked form (chunk length kChunk, partial last chunk allowed).
+HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
+                           const std::vector<double>& d_sT);
+
+// Backward of x̂ = x / sqrt(sum(x^2) + kL2NormEps) for each row: given the raw rows x [rows][dim]
+// and dx̂, returns dx = (dx̂ − x̂ (x̂·dx̂)) / sqrt(sum(x^2) + eps).
+std::vector<double> l2_normalize_rows_backward(const std::vector<double>& x,
+                                               const std::vector<double>& dxhat, int dim);
+
+}  // namespace flashgdn::reference::bwd
