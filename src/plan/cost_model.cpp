@@ -1,0 +1,38 @@
+#include "plan/cost_model.h"
+
+#include <algorithm>
+
+namespace flashgdn::plan {
+
+CostModel CostModel::backward_placeholder() {
+  CostModel model;
+  model.fused_chunk_us = 8.0;
+  model.fused_item_us = 4.0;
+  model.state_chunk_us = 3.6;
+  model.state_m_chunk_us = 2.8;
+  model.state_item_us = 4.0;
+  model.correction_step_us = 0.8;
+  model.correction_m_step_us = 2.4;
+  model.correction_item_us = 2.0;
+  model.gate_scan_chunk_us = 0.04;
+  return model;
+}
+
+double makespan_us(std::vector<WorkGroup> groups, int64_t slots) {
+  std::sort(groups.begin(), groups.end(),
+            [](const WorkGroup& a, const WorkGroup& b) { return a.cost_us > b.cost_us; });
+  double total = 0.0;
+  double wave_bound = 0.0;
+  int64_t before = 0;  // items of larger cost
+  for (const WorkGroup& group : groups) {
+    if (group.count <= 0) continue;
+    total += group.cost_us * static_cast<double>(group.count);
+    // Largest m with item mP + 1 (1-based) inside or before this group: p_{mP+1} >= this cost.
+    const int64_t m = (before + group.count - 1) / slots;
+    wave_bound = std::max(wave_bound, static_cast<double>(m + 1) * group.cost_us);
+    before += group.count;
+  }
+  return std::max(wave_bound, total / static_cast<double>(slots));
+}
+
+}  // namespace flashgdn::plan

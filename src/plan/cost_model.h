@@ -1,0 +1,81 @@
+// Cost model of the GDN prefill kernels on one GPU, used to decide intra-card sequence
+// parallelism (auto-CP, DESIGN §1).
+//
+// Work items. Every kernel runs one CTA per work item and the GPU executes items on
+// `num_sms * ctas_per_sm` slots. A kernel's time is its launch overhead plus the makespan of its
+// items on those slots:
+//
+//   no CP:  fused        items = (sequence, v-head), cost = item + chunks * fused_chunk
+//   CP:     gate scan    items = segment (all heads in one CTA), cost = chunks * gate_scan_chunk
+//           state pass   items = (segment with a successor, v-head): the zero-start end state S*,
+//                        and the segment's transition M where the head needs it:
+//                          exact-M head:  item + chunks * (state_chunk + state_m_chunk)
+//                          window head:   item + min(window, chunks) * state_chunk
+//           correction   items = (split sequence, v-head, V-slice), serial over the boundaries:
+//                          item + (segments - 1) * (step + [exact-M head] m_step)
+//           fused        items = (segment, v-head), as without CP
+//
+// The kernel that inverts the per-chunk triangular systems runs before either path and is fully
+// parallel over chunks, so it costs the same with and without CP and is left out.
+//
+// Makespan of a set of items on P slots: the larger of two lower bounds that hold for every
+// schedule — the average load (total / P) and the wave bound (m + 1) * p_{mP+1} (with the items
+// sorted by decreasing cost p_1 >= p_2 >= ..., the largest mP + 1 of them put m + 1 on some slot).
+// It is exact for equal items (ceil(n / P) waves), the common case of equal segments, and it
+// includes the longest item (m = 0).
+//
+// One wave of the seed's model: a sequence of N chunks cut into N / L segments of L chunks costs
+// about lambda_1 * L (the parallel state pass and fused kernel, per-chunk costs) plus
+// lambda_2 * N / L (the serial correction, per-segment costs): T = lambda_1 L + lambda_2 N / L is
+// smallest at L = sqrt(lambda_2 N / lambda_1). Once the segments of all heads exceed one wave,
+// the average-load bound takes over and further splitting only adds correction steps.
+//
+// THE DEFAULT COEFFICIENTS ARE UNFITTED PLACEHOLDERS (microseconds, H200-sized guesses from the
+// published anchor timings in research/flashqla.md §7: about 3.3 us per serial chunk-iteration of
+// a fused forward CTA). They are to be replaced by values fitted to flashgdn's kernels measured on
+// the GPU; the structure above is what the planner relies on.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace flashgdn::plan {
+
+struct CostModel {
+  // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
+  double fused_chunk_us = 3.3;  // per chunk
+  double fused_item_us = 2.0;   // per item: entering-state load, final-state store
+  // State-only pass (S*, and M where a head needs it), per (segment, v-head).
+  double state_chunk_us = 1.8;    // per chunk, S* alone
+  double state_m_chunk_us = 1.4;  // extra per chunk when M is formed as well
+  double state_item_us = 2.0;     // per item: S* (and M) store
+  // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
+  double correction_step_us = 0.4;    // per segment boundary: read S*_j
+  double correction_m_step_us = 1.2;  // extra per boundary when M_j is applied
+  double correction_item_us = 1.0;
+  int32_t correction_slices_per_head = 4;  // V columns split across CTAs
+  // Gate scan that finds the decay windows, per segment (all heads in one CTA).
+  double gate_scan_chunk_us = 0.02;
+  // Every kernel launch.
+  double launch_us = 4.0;
+  // Concurrent CTAs per SM of the heavy kernels (fused, state pass) and of the light ones (gate
+  // scan, correction).
+  int32_t heavy_ctas_per_sm = 1;
+  int32_t light_ctas_per_sm = 8;
+
+  // Placeholder coefficients for the backward pass (also unfitted): the fused kernel stands for the
+  // state recompute plus the fused backward, the state pass for the forward S* pass plus the dS
+  // pass, the correction for the forward and the reverse (M^T) scans.
+  static CostModel backward_placeholder();
+};
+
+// `count` items of `cost_us` each.
+struct WorkGroup {
+  double cost_us = 0.0;
+  int64_t count = 0;
+};
+
+// Lower-bound makespan (see the header comment) of the items on `slots` slots; 0 without items.
+double makespan_us(std::vector<WorkGroup> groups, int64_t slots);
+
+}  // namespace flashgdn::plan
