@@ -1,0 +1,97 @@
+"""ctypes binding of flashgdn's C ABI (src/capi/flashgdn_c.h). Torch-free."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+
+# flashgdn::DType
+BF16, F16, F32, F64, I32, I64 = range(6)
+# flashgdn::StatusCode
+STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "not supported", 3: "not built",
+                4: "CUDA error", 5: "workspace too small"}
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("sizes", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
+
+
+class Inputs(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("seqlen", ctypes.c_int64),
+                ("num_qk_heads", ctypes.c_int32), ("num_v_heads", ctypes.c_int32),
+                ("head_dim_k", ctypes.c_int32), ("head_dim_v", ctypes.c_int32),
+                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("g", Tensor), ("beta", Tensor),
+                ("initial_state", Tensor),
+                ("cu_seqlens", ctypes.c_void_p), ("cu_seqlens_dtype", ctypes.c_int32),
+                ("num_seqs", ctypes.c_int64), ("cu_seqlens_host", ctypes.c_void_p),
+                ("state_v_first", ctypes.c_int32), ("has_scale", ctypes.c_int32),
+                ("scale", ctypes.c_float), ("use_qk_l2norm_in_kernel", ctypes.c_int32)]
+
+
+class ForwardOutputs(ctypes.Structure):
+    _fields_ = [("o", Tensor), ("final_state", Tensor)]
+
+
+class BackwardTensors(ctypes.Structure):
+    _fields_ = [(name, Tensor) for name in
+                ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")]
+
+
+class FlashGDNError(RuntimeError):
+    """A flashgdn call failed; `code` is the flashgdn::StatusCode value."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"flashgdn: {message} ({STATUS_NAMES.get(code, code)})")
+        self.code = code
+        self.message = message
+
+
+def _candidates():
+    env = os.environ.get("FLASHGDN_LIBRARY")
+    if env:
+        yield pathlib.Path(env)
+    here = pathlib.Path(__file__).resolve().parent
+    yield here / "libflashgdn_c.so"
+    for build in ("build", "build-release"):
+        yield here.parent.parent / build / "libflashgdn_c.so"
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            break
+    else:
+        raise ImportError("flashgdn: libflashgdn_c.so not found (tried " + ", ".join(tried) +
+                          "); install with `pip install .` or set FLASHGDN_LIBRARY")
+    P = ctypes.POINTER
+    msg = [ctypes.c_char_p, ctypes.c_int]
+    lib.flashgdn_version.restype = ctypes.c_char_p
+    lib.flashgdn_has_kernels.restype = ctypes.c_int
+    lib.flashgdn_forward_workspace_size.argtypes = [P(Inputs), P(ForwardOutputs), ctypes.c_int,
+                                                    P(ctypes.c_size_t)] + msg
+    lib.flashgdn_forward.argtypes = [P(Inputs), P(ForwardOutputs), ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_size_t, ctypes.c_void_p] + msg
+    lib.flashgdn_backward.argtypes = [P(Inputs), P(BackwardTensors), ctypes.c_void_p, ctypes.c_size_t,
+                                      ctypes.c_void_p] + msg
+    lib.flashgdn_reference_forward.argtypes = [P(Inputs), P(ForwardOutputs)] + msg
+    lib.flashgdn_reference_backward.argtypes = [P(Inputs), P(BackwardTensors)] + msg
+    for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward, lib.flashgdn_backward,
+               lib.flashgdn_reference_forward, lib.flashgdn_reference_backward):
+        fn.restype = ctypes.c_int
+    return lib
+
+
+lib = _load()
+
+
+def check(call, *args):
+    """Run a C ABI call that ends in (msg, msg_len); raise FlashGDNError unless it returns 0."""
+    buf = ctypes.create_string_buffer(1024)
+    code = call(*args, buf, len(buf))
+    if code != 0:
+        raise FlashGDNError(code, buf.value.decode(errors="replace"))

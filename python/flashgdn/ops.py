@@ -1,0 +1,206 @@
+"""PyTorch binding: tensors -> the C ABI, torch.library ops with fake implementations, autograd.
+
+CUDA tensors run the SM90 kernels; CPU tensors run the float64 reference (slow, exact).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import _lib
+
+_DTYPE_CODES = {torch.bfloat16: _lib.BF16, torch.float16: _lib.F16, torch.float32: _lib.F32,
+                torch.float64: _lib.F64, torch.int32: _lib.I32, torch.int64: _lib.I64}
+
+
+def _tensor(t: Optional[torch.Tensor]) -> _lib.Tensor:
+    out = _lib.Tensor()
+    if t is None:
+        return out
+    # An empty tensor may have no storage; it still must not read as "absent", and no element of
+    # it is ever touched, so any aligned non-null address stands in.
+    out.data = t.data_ptr() if t.numel() > 0 else 256
+    out.dtype = _DTYPE_CODES[t.dtype]
+    out.rank = t.dim()
+    for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        out.sizes[i] = size
+        out.strides[i] = stride
+    return out
+
+
+def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens):
+    """Python-side checks that map to TypeError / ValueError naming the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    for name, t, dims in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3)):
+        if t.dim() != dims:
+            raise ValueError(f"{name}: expected {dims} dimensions, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, but q is on {q.device}")
+    cuda = q.device.type == "cuda"
+    if cuda:
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"q: dtype must be bfloat16 or float16, got {q.dtype}")
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+        if g.dtype != torch.float32:
+            raise TypeError(f"g: dtype must be float32, got {g.dtype}")
+        if beta.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"beta: dtype must be float32 or bfloat16, got {beta.dtype}")
+    elif q.device.type != "cpu":
+        raise ValueError(f"q: flashgdn runs on CUDA (SM90) or, through the reference, on the CPU; got {q.device}")
+    if q.shape != k.shape:
+        raise ValueError(f"k: shape {tuple(k.shape)} differs from q's {tuple(q.shape)}")
+    B, T, Hqk, K = q.shape
+    if v.shape[:2] != (B, T):
+        raise ValueError(f"v: shape {tuple(v.shape)} does not match q's batch and tokens {(B, T)}")
+    Hv = v.shape[2]
+    if Hv % Hqk != 0:
+        raise ValueError(f"v: {Hv} value heads is not a multiple of the {Hqk} q/k heads")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (B, T, Hv):
+            raise ValueError(f"{name}: expected shape {(B, T, Hv)}, got {tuple(t.shape)}")
+    if cu_seqlens is not None:
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens: dtype must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens: expected a 1-D tensor of at least 2 offsets, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens: on {cu_seqlens.device}, but q is on {q.device}")
+        if B != 1:
+            raise ValueError(f"q: with cu_seqlens the batch size must be 1, got {B}")
+    if initial_state is not None:
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state: on {initial_state.device}, but q is on {q.device}")
+        if cuda and initial_state.dtype != torch.float32:
+            raise TypeError(f"initial_state: dtype must be float32, got {initial_state.dtype}")
+
+
+def _num_seqs(q, cu_seqlens):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
+def _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+            cu_seqlens_host=None):
+    c = _lib.Inputs()
+    c.batch, c.seqlen, c.num_qk_heads, c.head_dim_k = q.shape
+    c.num_v_heads, c.head_dim_v = v.shape[2], v.shape[3]
+    c.q, c.k, c.v, c.g, c.beta = map(_tensor, (q, k, v, g, beta))
+    c.initial_state = _tensor(initial_state)
+    if cu_seqlens is not None:
+        c.cu_seqlens = cu_seqlens.data_ptr()
+        c.cu_seqlens_dtype = _DTYPE_CODES[cu_seqlens.dtype]
+        c.num_seqs = cu_seqlens.numel() - 1
+        if cu_seqlens_host is not None:  # lets the C++ side check the offsets without a device sync
+            c.cu_seqlens_host = cu_seqlens_host.data_ptr()
+    c.state_v_first = int(state_v_first)
+    c.has_scale = 1
+    c.scale = scale
+    c.use_qk_l2norm_in_kernel = int(use_qk_l2norm_in_kernel)
+    return c
+
+
+def _state_shape(N, Hv, K, V, state_v_first):
+    return (N, Hv, V, K) if state_v_first else (N, Hv, K, V)
+
+
+@torch.library.custom_op("flashgdn::chunk_gated_delta_rule_fwd", mutates_args=())
+def chunk_gated_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                               beta: torch.Tensor, initial_state: Optional[torch.Tensor],
+                               cu_seqlens: Optional[torch.Tensor], scale: float, output_final_state: bool,
+                               use_qk_l2norm_in_kernel: bool, state_v_first: bool,
+                               cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                               inverse_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Low-level forward: (o, final_state), final_state empty when not asked for. The backward needs
+    only the forward's inputs (it recomputes the rest)."""
+    N, Hv, K, V = _num_seqs(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    final = (torch.empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32, device=q.device)
+             if output_final_state else torch.empty(0, dtype=torch.float32, device=q.device))
+    forward_into(o, final if output_final_state else None, q, k, v, g, beta, initial_state, cu_seqlens,
+                 scale, use_qk_l2norm_in_kernel, state_v_first, inverse_fp32, cu_seqlens_cpu)
+    return o, final
+
+
+def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, g, beta, initial_state,
+                 cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
+                 inverse_fp32: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None) -> None:
+    """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
+    be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
+    of cu_seqlens, used to validate the offsets without a device sync."""
+    if cu_seqlens_cpu is not None:
+        cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
+    c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens_cpu)
+    c_out = _lib.ForwardOutputs()
+    c_out.o = _tensor(o)
+    c_out.final_state = _tensor(final_state)
+    if q.device.type == "cpu":  # the float64 reference, on host memory
+        _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
+        return
+    nbytes = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.flashgdn_forward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_out),
+               int(inverse_fp32), ctypes.byref(nbytes))
+    workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _lib.check(_lib.lib.flashgdn_forward, ctypes.byref(c_in), ctypes.byref(c_out), int(inverse_fp32),
+               ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
+               ctypes.c_void_p(stream))
+
+
+@chunk_gated_delta_rule_fwd.register_fake
+def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
+      state_v_first, cu_seqlens_cpu=None, inverse_fp32=False):
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    Hv, K, V = v.shape[2], q.shape[3], v.shape[3]
+    o = v.new_empty(v.shape)
+    final = (q.new_empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32)
+             if output_final_state else q.new_empty(0, dtype=torch.float32))
+    return o, final
+
+
+def _backward(ctx, grad_o, grad_final):
+    raise NotImplementedError(
+        "flashgdn.chunk_gated_delta_rule: the backward pass is not available in this version "
+        "(the SM90 backward kernels are not built yet)")
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd", _backward, setup_context=_setup_context)
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, scale: Optional[float] = None,
+                           initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+                           use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                           state_v_first: bool = False, **kwargs):
+    """Gated delta rule, chunked prefill. Drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule.
+
+    q, k: [B, T, Hqk, K]; v: [B, T, Hv, V]; g (log-space gate, fp32) and beta: [B, T, Hv];
+    initial_state: [N, Hv, K, V] fp32 ([N, Hv, V, K] with state_v_first); cu_seqlens: [N + 1] offsets of
+    packed sequences (then B == 1); cu_seqlens_cpu (keyword): an optional host copy of cu_seqlens that
+    lets flashgdn check the offsets without a device sync. Returns (o [B, T, Hv, V] in v's dtype, final_state or None).
+    """
+    for key in kwargs:
+        if key not in ("head_first", "cu_seqlens_cpu"):
+            raise TypeError(f"chunk_gated_delta_rule: unexpected keyword argument '{key}'")
+    if kwargs.get("head_first"):
+        raise ValueError("head_first: the [B, H, T, D] layout is not supported; pass [B, T, H, D]")
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    cu_seqlens_cpu = kwargs.get("cu_seqlens_cpu")
+    if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
+        cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
+    o, final = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
+                                          bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+                                          bool(state_v_first), cu_seqlens_cpu)
+    return o, (final if output_final_state else None)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
+# Logs go to $OUT (the device tool brings them back); a short summary is printed last.
+#   scripts/h200_check.sh [tests|quick|full]   (default quick: tests + quick benchmark)
+# Carried wheels (.whl/, e.g. FLA for the side-by-side benchmark) are installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-quick}
+OUT=${OUT:-/tmp/flashgdn_out}
+mkdir -p "$OUT"
+summary=()
+note() { summary+=("$*"); echo "== $*"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+start=$(date +%s)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 &&
+  cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
+rc=$?
+note "build rc=$rc in $(( $(date +%s) - start )) s"
+if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; printf '%s\n' "${summary[@]}"; exit 1; fi
+grep -E "spill|Local memory" "$OUT/build.log" | sort -u | head -5
+spills=$(grep -cE "Registers are spilled|Local memory used" "$OUT/build.log")
+note "ptxas spill/local-memory warnings: $spills"
+
+ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
+note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+
+cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
+note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt"), LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")"
+
+export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+python3 -m pytest tests/gpu -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+note "pytest: $(tail -1 "$OUT/pytest.log")"
+grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
+
+if [ "$MODE" != tests ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_forward.py $([ "$MODE" = quick ] && echo --quick) \
+    --out "$OUT" >"$OUT/bench.log" 2>&1
+  note "bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
+  tail -n 40 "$OUT/bench.log"
+fi
+
+if [ -n "${PROFILE:-}" ]; then  # ncu on the fused forward of one configuration
+  ncu --clock-control none --set full -k regex:fused_forward -c 1 -o "$OUT/fused_forward" \
+    python3 bench/profile_forward.py >"$OUT/ncu.log" 2>&1
+  note "ncu rc=$?"
+  ncu --import "$OUT/fused_forward.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|Issue Slots|Compute \(SM\) Throughput|Memory Throughput" "$OUT/ncu_details.txt" | head -30
+fi
+
+echo "================ summary"
+printf '%s\n' "${summary[@]}"

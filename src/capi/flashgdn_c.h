@@ -1,0 +1,67 @@
+/* flashgdn C ABI: the C++ API flattened for foreign-function callers (the Python package loads
+ * it with ctypes, so the binding needs no compiler and no torch headers). Every function returns
+ * a flashgdn::StatusCode value (0 = ok) and writes the status message into msg (NUL-terminated,
+ * truncated to msg_len). Tensor and problem fields mean what they mean in include/flashgdn/. */
+#ifndef FLASHGDN_C_H_
+#define FLASHGDN_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  void* data;
+  int32_t dtype; /* flashgdn::DType */
+  int32_t rank;
+  int64_t sizes[4];
+  int64_t strides[4]; /* elements */
+} flashgdn_tensor;
+
+typedef struct {
+  int64_t batch, seqlen;
+  int32_t num_qk_heads, num_v_heads, head_dim_k, head_dim_v;
+  flashgdn_tensor q, k, v, g, beta, initial_state;
+  const void* cu_seqlens; /* null: batch mode */
+  int32_t cu_seqlens_dtype;
+  int64_t num_seqs;
+  const int64_t* cu_seqlens_host; /* optional */
+  int32_t state_v_first;
+  int32_t has_scale;
+  float scale;
+  int32_t use_qk_l2norm_in_kernel;
+} flashgdn_inputs;
+
+typedef struct {
+  flashgdn_tensor o, final_state;
+} flashgdn_forward_outputs;
+
+typedef struct {
+  flashgdn_tensor d_o, d_final_state, dq, dk, dv, dg, dbeta, d_initial_state;
+} flashgdn_backward_tensors;
+
+const char* flashgdn_version(void);
+/* 1 when this build has the SM90 kernels. */
+int flashgdn_has_kernels(void);
+
+/* inverse_fp32: store the gate-free inverse in fp32 instead of the default bf16 (for measurements). */
+int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
+                                    int inverse_fp32, size_t* bytes, char* msg, int msg_len);
+int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int inverse_fp32,
+                     void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len);
+int flashgdn_backward(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads, void* workspace,
+                      size_t workspace_bytes, void* stream, char* msg, int msg_len);
+
+/* The float64 reference on host memory. */
+int flashgdn_reference_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, char* msg,
+                               int msg_len);
+int flashgdn_reference_backward(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads, char* msg,
+                                int msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHGDN_C_H_ */

@@ -1,0 +1,113 @@
+// Small forward kernels around the main two:
+//   l2norm_rows     one warp per 128-vector: x / sqrt(sum(x^2) + 1e-6) into a contiguous copy
+//   chunk_offsets   one block: exclusive prefix sum of ceil(len/64) over the sequences (varlen)
+//   zero_padding    grid-stride: o rows of tokens past cu_seqlens[N] set to zero (varlen)
+#include <cuda_runtime.h>
+
+#include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern {
+namespace {
+
+template <typename Elem>
+__global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t tokens, int64_t heads,
+                                   int64_t stride_batch, int64_t stride_token, int64_t stride_head,
+                                   Elem* dst) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= batch * tokens * heads) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t h = row % heads, t = (row / heads) % tokens, b = row / (heads * tokens);
+  const Elem* in = src + b * stride_batch + t * stride_token + h * stride_head + 4 * lane;
+  float x[4], sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[i] = to_float(in[i]);
+    sum += x[i] * x[i];
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float inv = rsqrtf(sum + 1e-6f);
+  Elem* out = dst + row * kHeadDim + 4 * lane;
+  store_pair(out, x[0] * inv, x[1] * inv);
+  store_pair(out + 2, x[2] * inv, x[3] * inv);
+}
+
+__global__ void chunk_offsets_kernel(const ForwardParams p) {
+  __shared__ int32_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base <= p.num_seqs; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    int32_t chunks = 0;  // chunks of sequence i - 1 (exclusive prefix)
+    if (i >= 1 && i <= p.num_seqs)
+      chunks = static_cast<int32_t>((cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1) + kChunk - 1) / kChunk);
+    // Block-wide inclusive scan of `chunks` (Hillis-Steele through shared memory).
+    __shared__ int32_t scan[1024];
+    scan[threadIdx.x] = chunks;
+    __syncthreads();
+    for (int offset = 1; offset < static_cast<int>(blockDim.x); offset *= 2) {
+      const int32_t add = threadIdx.x >= static_cast<unsigned>(offset) ? scan[threadIdx.x - offset] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (i <= p.num_seqs) p.chunk_offsets[i] = carry + scan[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == blockDim.x - 1) carry += scan[threadIdx.x];
+    __syncthreads();
+  }
+}
+
+template <typename Elem>
+__global__ void zero_padding_kernel(const ForwardParams p) {
+  const int64_t first = cu_seqlens_at(p, p.num_seqs);
+  const int64_t vectors = (p.seqlen - first) * p.num_v_heads * (kHeadDim / 8);  // 16-byte vectors
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < vectors;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t vec = e % (kHeadDim / 8), h = (e / (kHeadDim / 8)) % p.num_v_heads;
+    const int64_t t = first + e / (kHeadDim / 8 * p.num_v_heads);
+    Elem* out = static_cast<Elem*>(p.o) + t * p.o_strides.token + h * p.o_strides.head + vec * 8;
+    *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+}  // namespace
+
+template <ElemKind E>
+cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, int64_t heads,
+                               int64_t stride_batch, int64_t stride_token, int64_t stride_head,
+                               void* dst, cudaStream_t stream) {
+  using Elem = ElemType<E>;
+  const int64_t rows = batch * tokens * heads;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kRowsPerBlock = 8;
+  l2norm_rows_kernel<Elem><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                             32 * kRowsPerBlock, 0, stream>>>(static_cast<const Elem*>(src), batch, tokens,
+                                                              heads, stride_batch, stride_token,
+                                                              stride_head, static_cast<Elem*>(dst));
+  return cudaGetLastError();
+}
+template cudaError_t launch_l2norm_rows<ElemKind::kBF16>(const void*, int64_t, int64_t, int64_t, int64_t,
+                                                         int64_t, int64_t, void*, cudaStream_t);
+template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, int64_t, int64_t, int64_t,
+                                                        int64_t, int64_t, void*, cudaStream_t);
+
+cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream) {
+  chunk_offsets_kernel<<<1, 1024, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream) {
+  const int64_t vectors = p.seqlen * p.num_v_heads * (kHeadDim / 8);  // bound: padding <= seqlen
+  if (vectors == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((vectors + 255) / 256, 1024));
+  if (elem == ElemKind::kBF16)
+    zero_padding_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p);
+  else
+    zero_padding_kernel<__half><<<blocks, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashgdn::kern

@@ -1,0 +1,38 @@
+// Launchers of the chunk-inverse and fused-forward kernels; instantiated per (elem, inverse) in
+// src/kernels/sm90/instantiations/.
+#pragma once
+
+#include "kernels/sm90/chunk_inverse.cuh"
+#include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/fused_forward.cuh"
+#include "kernels/sm90/launch.h"
+
+namespace flashgdn::kern {
+
+template <ElemKind E, InverseKind I>
+cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
+  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>>;
+  if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>>;
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  kernel<<<dim3(static_cast<unsigned>(p.max_chunks), p.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <ElemKind E, InverseKind I>
+cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
+  using Kernel = FusedForward<ElemType<E>, InverseType<I>>;
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  auto* kernel = fused_forward_kernel<ElemType<E>, InverseType<I>>;
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashgdn::kern

@@ -1,0 +1,31 @@
+// Host-side launchers of the SM90 forward kernels (defined in the .cu files). Plain C++ header.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/sm90/params.h"
+
+namespace flashgdn::kern {
+
+enum class ElemKind { kBF16, kF16 };   // dtype of q, k, v, o
+enum class InverseKind { kF32, kBF16 };  // storage of the gate-free inverse A_r
+
+// x / sqrt(sum(x^2) + 1e-6) of each 128-vector of src into the contiguous dst (rows = b*t*h).
+template <ElemKind E>
+cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, int64_t heads,
+                               int64_t stride_batch, int64_t stride_token, int64_t stride_head,
+                               void* dst, cudaStream_t stream);
+
+// chunk_offsets[i] = sum_{j < i} ceil(len_j / 64) for i in 0..num_seqs (varlen only).
+cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream);
+
+// o rows of tokens past cu_seqlens[num_seqs] set to zero (varlen only).
+cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream);
+
+template <ElemKind E, InverseKind I>
+cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream);
+
+template <ElemKind E, InverseKind I>
+cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream);
+
+}  // namespace flashgdn::kern

@@ -1,0 +1,157 @@
+// Warp-level tensor-core primitives (sm_80+ mma.sync, ldmatrix, cp.async), as thin PTX wrappers.
+//
+// Fragment layouts of mma.m16n8k16 (lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4)):
+//   A (16x16, row-major)  a[0]: (r, c..c+1)   a[1]: (r+8, c..c+1)   a[2]: (r, c+8..)   a[3]: (r+8, c+8..)
+//   B (16x8, "col")       b[0]: (k=c..c+1, n=r)   b[1]: (k=c+8.., n=r)
+//   C (16x8, fp32)        c[0..1]: (r, c..c+1)   c[2..3]: (r+8, c..c+1)
+// Operands live in shared memory as row-major bf16/fp16 tiles with a padded row pitch (in
+// elements) so that the 8 rows an ldmatrix reads fall in distinct 16-byte bank groups.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace flashgdn::kern {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane L supplies the row address of matrix L / 8, row L % 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_ptr)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_ptr)));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// How an operand tile is stored in shared memory, relative to the GEMM's view of it.
+//   kRowMajor:  A[m][k] (or B[k][n]) stored with rows m (or k) -> address row*pitch + col
+//   kTransposed: A[m][k] stored as Src[k][m] (or B[k][n] stored as Src[n][k])
+enum class Stored { kRowMajor, kTransposed };
+
+// A fragment of the 16x16 block of A at (m0, k0).
+template <Stored kStore, typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* base, int pitch, int m0, int k0) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (kStore == Stored::kRowMajor) {
+    ldmatrix_x4(a, base + (m0 + lane % 16) * pitch + k0 + (lane / 16) * 8);
+  } else {
+    ldmatrix_x4_trans(a, base + (k0 + lane % 8 + (lane / 16) * 8) * pitch + m0 + ((lane / 8) % 2) * 8);
+  }
+}
+
+// B fragments of two adjacent 16x8 blocks of B at (k0, n0) and (k0, n0 + 8):
+// b[0], b[1] for the first, b[2], b[3] for the second.
+template <Stored kStore, typename T>
+__device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const T* base, int pitch, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (kStore == Stored::kRowMajor) {
+    ldmatrix_x4_trans(b, base + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * pitch + n0 + (lane / 16) * 8);
+  } else {
+    ldmatrix_x4(b, base + (n0 + lane % 8 + (lane / 16) * 8) * pitch + k0 + ((lane / 8) % 2) * 8);
+  }
+}
+
+// acc[MT][NT][4] += A[m0 : m0+16*MT, 0:K] @ B[0:K, n0 : n0+8*NT], K a multiple of 16, NT even.
+template <int MT, int NT, Stored kStoreA, Stored kStoreB, typename T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const T* a, int pitch_a,
+                                          const T* b, int pitch_b, int m0, int n0, int K) {
+  static_assert(NT % 2 == 0, "B fragments come in pairs");
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) load_a<kStoreA>(af[i], a, pitch_a, m0 + 16 * i, k0);
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      uint32_t bf[4];
+      load_b_pair<kStoreB>(bf, b, pitch_b, k0, n0 + 8 * j);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma_16816<T>(acc[i][j], af[i], bf[0], bf[1]);
+        mma_16816<T>(acc[i][j + 1], af[i], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
+// Row / column of accumulator element e of tile (i, j) for a warp tile at (m0, n0).
+__device__ __forceinline__ int acc_row(int m0, int i, int e) {
+  return m0 + 16 * i + (threadIdx.x % 32) / 4 + (e >= 2 ? 8 : 0);
+}
+__device__ __forceinline__ int acc_col(int n0, int j, int e) {
+  return n0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
+}
+
+template <typename T>
+__device__ __forceinline__ T to_elem(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_elem<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half to_elem<__half>(float x) { return __float2half_rn(x); }
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+
+// Two adjacent elements packed for one 32-bit shared-memory store.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float x0, float x1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x0, x1);
+  } else {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x0, x1);
+  }
+}
+
+// 16-byte asynchronous global -> shared copy (cp.async.cg), with zero fill when !valid.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace flashgdn::kern

@@ -1,0 +1,34 @@
+// Internal: forward planning and launch with an explicit choice of variant (tests and benchmarks
+// use it to compare the storage precision of the gate-free inverse).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashgdn/flashgdn.h"
+#include "kernels/sm90/launch.h"
+
+namespace flashgdn::detail {
+
+// Storage of A_r between the inverse and the fused kernel: bf16. Measured on the H200
+// (test_inverse_storage_precision, bench/results/2026-11-29_gpu_tests.txt): o's relative error was
+// 3.658e-3 with fp32 storage and 3.663e-3 with bf16 (weak gates), 3.2934e-3 and 3.2937e-3 (model
+// gates): the difference is noise beside the bf16 GEMM operands, and bf16 halves A_r's traffic.
+inline constexpr kern::InverseKind kDefaultInverse = kern::InverseKind::kBF16;
+
+// Byte offsets of the workspace regions (256-byte aligned) and the total.
+struct ForwardLayout {
+  std::size_t chunk_offsets = 0;  // int32 [N + 1], varlen only
+  std::size_t inverse = 0;        // A_r rows [B * T, Hv, 64]
+  std::size_t q_normalized = 0;   // [B, T, Hqk, 128], with use_qk_l2norm_in_kernel only
+  std::size_t k_normalized = 0;
+  std::size_t bytes = 0;
+  int64_t max_chunks = 0;  // launch bound on chunks
+};
+
+ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);
+
+Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, void* workspace,
+                    std::size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace flashgdn::detail
