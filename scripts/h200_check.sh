@@ -30,7 +30,7 @@ ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
 note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
-note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt"), LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")"
+note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt"), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
 
 export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}

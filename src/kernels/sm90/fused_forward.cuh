@@ -11,7 +11,7 @@
 //   state [128][136]  bf16 copy of S (the B operand of K.S and Q.S)
 //   vd, vd_decayed [64][136]   Vd and rho (.) Vd
 //   p, ag [64][72]  G (.) QK^T and G (.) A_r (.) 1 beta^T
-//   gcum, beta [64] fp32
+//   gcum, beta [64] fp32   (gcum in log2 units: every decay factor below is one ex2)
 // Per chunk (g = inclusive cumsum of the gates, gamma = g_last, Gamma = diag(e^g),
 // rho = e^{gamma - g}, G[s,t] = e^{g_s - g_t} for s >= t):
 //   P          [64,64]   = G (.) Q[64,128] @ K^T[128,64]                 all warps, [16,32] tiles
@@ -83,7 +83,8 @@ struct FusedForward {
     cp_async_commit();
   }
 
-  // gcum = inclusive cumsum of the chunk's gates (0 past the valid rows, so gcum[63] = gamma);
+  // gcum = log2(e) * inclusive cumsum of the chunk's gates (0 past the valid rows, so
+  // gcum[63] = gamma in log2 units);
   // beta of each row (0 past the valid rows). Warp 0.
   static __device__ void load_gates(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0,
                                     int rows, int h) {
@@ -97,7 +98,7 @@ struct FusedForward {
       beta[i] = 0.f;
       if (row < rows) {
         const int64_t t = t0 + row;
-        g[i] = p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
+        g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
         const int64_t boff = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
         beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[boff])
                                  : static_cast<const float*>(p.beta)[boff];
@@ -133,7 +134,7 @@ struct FusedForward {
         float gated[2];
 #pragma unroll
         for (int d = 0; d < 2; ++d)
-          gated[d] = row >= col + d ? expf(s.gcum[row] - s.gcum[col + d]) * qk[0][j][e + d] : 0.f;
+          gated[d] = row >= col + d ? exp2_approx(s.gcum[row] - s.gcum[col + d]) * qk[0][j][e + d] : 0.f;
         store_pair(&s.p[row * kPitchC + col], gated[0], gated[1]);
       }
 
@@ -147,7 +148,7 @@ struct FusedForward {
       for (int d = 0; d < 2; ++d) {
         const int col = col0 + c + d;
         gated[d] = row < rows && row >= col
-                       ? expf(s.gcum[row] - s.gcum[col]) * to_float(inverse_row[col]) * s.beta[col]
+                       ? exp2_approx(s.gcum[row] - s.gcum[col]) * to_float(inverse_row[col]) * s.beta[col]
                        : 0.f;
       }
       store_pair(&s.ag[row * kPitchC + col0 + c], gated[0], gated[1]);
@@ -197,23 +198,25 @@ struct FusedForward {
       warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.kq, kPitch, s.state, kPitch, m0, n0,
                                                             kHeadDim);
       // W = V - Gamma U (U warps, in place over V); Gamma QS stays in the QS warps' registers.
+      // A thread's accumulator rows are m0 + 16 i + lane/4 (+ 8): one decay factor per (i, half).
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int half = 0; half < 2; ++half) {
+          const int row = acc_row(m0, i, 2 * half);
+          const float decay = exp2_approx(s.gcum[u_warp ? row : row - kChunk]);
 #pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const int row = acc_row(m0, i, e), col = acc_col(n0, j, e);
+          for (int j = 0; j < 8; ++j) {
+            const int e = 2 * half, col = acc_col(n0, j, e);
             if (u_warp) {
-              const float decay = expf(s.gcum[row]);
               Elem* w = &s.v[row * kPitch + col];
               store_pair(w, to_float(w[0]) - decay * acc[i][j][e], to_float(w[1]) - decay * acc[i][j][e + 1]);
             } else {
-              const float decay = expf(s.gcum[row - kChunk]);
               acc[i][j][e] *= decay;
               acc[i][j][e + 1] *= decay;
             }
           }
+        }
       __syncthreads();  // W and P, Ag complete
 
       if (u_warp) {  // Vd = Ag @ W, rows m0..m0+31 (acc is free again: U was consumed by W)
@@ -222,14 +225,16 @@ struct FusedForward {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int row = acc_row(m0, i, 2 * half);
+            const float rho = exp2_approx(gamma - s.gcum[row]);
 #pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-              const int row = acc_row(m0, i, e), col = acc_col(n0, j, e);
-              const float rho = expf(gamma - s.gcum[row]);
+            for (int j = 0; j < 8; ++j) {
+              const int e = 2 * half, col = acc_col(n0, j, e);
               store_pair(&s.vd[row * kPitch + col], acc[i][j][e], acc[i][j][e + 1]);
               store_pair(&s.vd_decayed[row * kPitch + col], rho * acc[i][j][e], rho * acc[i][j][e + 1]);
             }
+          }
       }
       __syncthreads();  // Vd complete
 
@@ -252,7 +257,7 @@ struct FusedForward {
       }
 
       // S = e^gamma S + K^T @ (rho (.) Vd)
-      const float decay = expf(gamma);
+      const float decay = exp2_approx(gamma);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll

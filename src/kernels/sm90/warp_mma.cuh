@@ -143,6 +143,16 @@ __device__ __forceinline__ void store_pair(T* dst, float x0, float x1) {
   }
 }
 
+// 2^x by the special-function unit (max relative error about 2^-22; subnormal results flush to
+// zero). Gates are kept in log2 units so that every decay factor is one ex2 of a non-positive
+// argument.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // 16-byte asynchronous global -> shared copy (cp.async.cg), with zero fill when !valid.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
