@@ -48,6 +48,14 @@ class FlashGDNError(RuntimeError):
         self.message = message
 
 
+class InvalidArgumentError(FlashGDNError, ValueError):
+    """The arguments are wrong (shape, stride, alignment, aliasing, offsets): also a ValueError."""
+
+
+class NotSupportedError(FlashGDNError, NotImplementedError):
+    """Valid arguments that flashgdn does not implement (e.g. a head dim other than 128)."""
+
+
 def _candidates():
     env = os.environ.get("FLASHGDN_LIBRARY")
     if env:
@@ -94,4 +102,5 @@ def check(call, *args):
     buf = ctypes.create_string_buffer(1024)
     code = call(*args, buf, len(buf))
     if code != 0:
-        raise FlashGDNError(code, buf.value.decode(errors="replace"))
+        error = {1: InvalidArgumentError, 2: NotSupportedError}.get(code, FlashGDNError)
+        raise error(code, buf.value.decode(errors="replace"))
