@@ -106,6 +106,7 @@ std::vector<float> from_bf16(const std::vector<uint16_t>& bits) {
   return out;
 }
 
+#ifdef FLASHGDN_WITH_KERNELS
 double rel_l2(const std::vector<float>& x, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -114,6 +115,7 @@ double rel_l2(const std::vector<float>& x, const std::vector<float>& ref) {
   }
   return std::sqrt(num / den);
 }
+#endif
 
 bool check(const flashgdn::Status& s, const char* what) {
   if (!s.ok()) std::fprintf(stderr, "%s failed: %s\n", what, s.message().c_str());

@@ -14,13 +14,6 @@
 
 namespace flashgdn::testing {
 
-// A fresh seed, printed so a passing run can be replayed too (FLASHGDN_TEST_SEED=<seed>).
-inline uint64_t announced_seed() {
-  const uint64_t seed = fresh_seed();
-  std::printf("[   SEED   ] FLASHGDN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
-
 inline std::vector<double> randn(Rng& rng, size_t n, double stddev = 1.0) {
   std::vector<double> x(n);
   for (double& e : x) e = stddev * rng.normal();

@@ -15,14 +15,8 @@
 namespace flashgdn::plan {
 namespace {
 
-using flashgdn::testing::fresh_seed;
+using flashgdn::testing::announced_seed;
 using flashgdn::testing::Rng;
-
-uint64_t announced_seed() {
-  const uint64_t seed = fresh_seed();
-  std::printf("[ seed     ] FLASHGDN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
 
 std::vector<int64_t> cu_from_lengths(const std::vector<int64_t>& lengths) {
   std::vector<int64_t> cu{0};

@@ -17,14 +17,8 @@
 namespace flashgdn::plan {
 namespace {
 
-using flashgdn::testing::fresh_seed;
+using flashgdn::testing::announced_seed;
 using flashgdn::testing::Rng;
-
-uint64_t announced_seed() {
-  const uint64_t seed = fresh_seed();
-  std::printf("[ seed     ] FLASHGDN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
 
 // Segments contiguous and chunk-aligned from offset 0 to the sequence end, indices in order,
 // empty sequences without segments, cut segments balanced (longer first, sizes within one chunk,

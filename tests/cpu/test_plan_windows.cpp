@@ -16,18 +16,12 @@
 namespace flashgdn::plan {
 namespace {
 
-using flashgdn::testing::fresh_seed;
+using flashgdn::testing::announced_seed;
 using flashgdn::testing::GateRegime;
 using flashgdn::testing::GateSampler;
 using flashgdn::testing::kAllRegimes;
 using flashgdn::testing::regime_name;
 using flashgdn::testing::Rng;
-
-uint64_t announced_seed() {
-  const uint64_t seed = fresh_seed();
-  std::printf("[ seed     ] FLASHGDN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
 
 // Host gates [sequence][head][token].
 using Gates = std::vector<std::vector<std::vector<double>>>;

@@ -19,6 +19,13 @@ inline uint64_t fresh_seed() {
   return std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
 }
 
+// A fresh seed, printed so a passing run can be replayed too.
+inline uint64_t announced_seed() {
+  const uint64_t seed = fresh_seed();
+  std::printf("[   SEED   ] FLASHGDN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
 class Rng {
  public:
   explicit Rng(uint64_t seed) : engine_(seed) {}
