@@ -39,9 +39,11 @@ std::vector<double> identity(int n) {
   return eye;
 }
 
-void check_segments(const HeadInputs& head, const std::vector<int64_t>& begins) {
-  auto fail = [](const std::string& why) {
-    throw std::invalid_argument("cp_forward: segment_begins " + why);
+}  // namespace
+
+void check_segment_begins(const HeadInputs& head, const std::vector<int64_t>& begins, const char* caller) {
+  auto fail = [caller](const std::string& why) {
+    throw std::invalid_argument(std::string(caller) + ": segment_begins " + why);
   };
   if (begins.empty()) {
     if (head.T != 0) fail("is empty for a non-empty sequence");
@@ -54,8 +56,6 @@ void check_segments(const HeadInputs& head, const std::vector<int64_t>& begins) 
     if (j > 0 && begins[j] <= begins[j - 1]) fail("must be strictly increasing");
   }
 }
-
-}  // namespace
 
 AffineMap chunk_affine(const HeadInputs& head, ChunkRange r) {
   const int n = r.n, K = head.K, V = head.V;
@@ -105,7 +105,7 @@ std::vector<double> zero_start_state(const HeadInputs& head, int64_t c_begin, in
 
 CpForwardResult cp_forward(const HeadInputs& head, const std::vector<int64_t>& segment_begins,
                            double threshold) {
-  check_segments(head, segment_begins);
+  check_segment_begins(head, segment_begins, "cp_forward");
   const int K = head.K, V = head.V;
   const size_t num_segments = segment_begins.size();
   auto segment_end = [&](size_t j) {

@@ -49,22 +49,6 @@ using Mat = std::vector<double>;
 
 Mat zeros(size_t n) { return Mat(n, 0.0); }
 
-void check_segments(const HeadInputs& head, const std::vector<int64_t>& begins) {
-  auto fail = [](const std::string& why) {
-    throw std::invalid_argument("cp_backward: segment_begins " + why);
-  };
-  if (begins.empty()) {
-    if (head.T != 0) fail("is empty for a non-empty sequence");
-    return;
-  }
-  if (begins.front() != 0) fail("must start at 0");
-  for (size_t j = 0; j < begins.size(); ++j) {
-    if (begins[j] % kChunk != 0) fail("must be multiples of the chunk size");
-    if (begins[j] >= head.T) fail("must lie inside the sequence");
-    if (j > 0 && begins[j] <= begins[j - 1]) fail("must be strictly increasing");
-  }
-}
-
 int64_t segment_end(const HeadInputs& head, const std::vector<int64_t>& begins, size_t j) {
   return j + 1 < begins.size() ? begins[j + 1] : head.T;
 }
@@ -162,7 +146,7 @@ std::vector<std::vector<double>> cp_entering_states(const HeadInputs& head,
                                                     const std::vector<int64_t>& segment_begins,
                                                     double threshold,
                                                     std::vector<bool>* forward_windowed) {
-  check_segments(head, segment_begins);
+  check_segment_begins(head, segment_begins, "cp_backward");
   const int K = head.K, V = head.V;
   const size_t num_segments = segment_begins.size();
   std::vector<bool> windowed(num_segments, false);
@@ -197,7 +181,7 @@ CpBackwardResult cp_backward_from_states(const HeadInputs& head, const std::vect
                                          const std::vector<int64_t>& segment_begins,
                                          const std::vector<std::vector<double>>& entering_states,
                                          double threshold) {
-  check_segments(head, segment_begins);
+  check_segment_begins(head, segment_begins, "cp_backward");
   const int K = head.K, V = head.V;
   const size_t kv = static_cast<size_t>(K) * V;
   const size_t num_segments = segment_begins.size();

@@ -89,6 +89,11 @@ struct CpForwardResult {
 CpForwardResult cp_forward(const HeadInputs& head, const std::vector<int64_t>& segment_begins,
                            double threshold);
 
+// Throws std::invalid_argument("<caller>: segment_begins ...") unless segment_begins is a valid
+// segmentation of head's tokens as described above.
+void check_segment_begins(const HeadInputs& head, const std::vector<int64_t>& segment_begins,
+                          const char* caller);
+
 // ---- the public entry with a chosen form (for tests) -------------------------------------------
 
 enum class ForwardForm { kRecurrent, kChunked, kContextParallel };

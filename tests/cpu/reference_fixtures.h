@@ -14,6 +14,19 @@
 
 namespace flashgdn::testing {
 
+// Random chunk-aligned segment starts, each segment 1..max_chunks chunks long.
+inline std::vector<int64_t> random_segments(Rng& rng, int64_t T, int64_t max_chunks) {
+  std::vector<int64_t> begins;
+  for (int64_t b = 0; b < T; b += rng.integer(1, max_chunks) * reference::kChunk) begins.push_back(b);
+  return begins;
+}
+
+inline std::string segments_text(const std::vector<int64_t>& begins) {
+  std::string text = "segments at";
+  for (int64_t b : begins) (text += ' ') += std::to_string(b);
+  return text;
+}
+
 inline std::vector<double> randn(Rng& rng, size_t n, double stddev = 1.0) {
   std::vector<double> x(n);
   for (double& e : x) e = stddev * rng.normal();

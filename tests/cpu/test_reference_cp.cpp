@@ -35,19 +35,6 @@ const Segmentation kSegmentations[] = {
     {65, {0, 64}},        {64, {0}},
 };
 
-// Random chunk-aligned segment starts, each segment 1..max_chunks chunks long.
-std::vector<int64_t> random_segments(Rng& rng, int64_t T, int64_t max_chunks) {
-  std::vector<int64_t> begins;
-  for (int64_t b = 0; b < T; b += rng.integer(1, max_chunks) * kChunk) begins.push_back(b);
-  return begins;
-}
-
-std::string segments_text(const std::vector<int64_t>& begins) {
-  std::string text = "segments at";
-  for (int64_t b : begins) (text += ' ') += std::to_string(b);
-  return text;
-}
-
 TEST(ReferenceCp, ExactWithoutDecayWindows) {
   const uint64_t seed = announced_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

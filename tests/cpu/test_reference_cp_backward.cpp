@@ -85,19 +85,6 @@ Case make_case(Rng& rng, GateRegime regime, int64_t T, int K, int V, bool with_s
   return c;
 }
 
-// Random chunk-aligned segment starts, each segment 1..max_chunks chunks long.
-std::vector<int64_t> random_segments(Rng& rng, int64_t T, int64_t max_chunks) {
-  std::vector<int64_t> begins;
-  for (int64_t b = 0; b < T; b += rng.integer(1, max_chunks) * kChunk) begins.push_back(b);
-  return begins;
-}
-
-std::string segments_text(const std::vector<int64_t>& begins) {
-  std::string text = "segments at";
-  for (int64_t b : begins) (text += ' ') += std::to_string(b);
-  return text;
-}
-
 int64_t segment_end(const HeadInputs& h, const std::vector<int64_t>& begins, size_t j) {
   return j + 1 < begins.size() ? begins[j + 1] : h.T;
 }
