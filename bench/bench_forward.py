@@ -131,8 +131,11 @@ def commit() -> str:
     if os.environ.get("FLASHGDN_COMMIT"):
         return os.environ["FLASHGDN_COMMIT"]
     try:
-        return subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], text=True,
+        head = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.check_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                        text=True, stderr=subprocess.DEVNULL).strip()
+        return head + ("-dirty" if dirty else "")
     except Exception:  # noqa: BLE001
         return "unknown"
 

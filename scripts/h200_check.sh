@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full]   (default quick: tests + quick benchmark)
+#   scripts/h200_check.sh [tests|quick|full|bwd]   (default quick: tests + quick forward and
+#   backward benchmarks; bwd: tests + the full backward table only)
+#   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu)
 # Carried wheels (.whl/, e.g. FLA for the side-by-side benchmark) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,15 +37,23 @@ note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sa
 export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-python3 -m pytest tests/gpu -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 note "pytest: $(tail -1 "$OUT/pytest.log")"
 grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 
+timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
+note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
+
+quick_flag=$([ "$MODE" = full ] || echo --quick)
+if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_forward.py $quick_flag --out "$OUT" >"$OUT/bench.log" 2>&1
+  note "forward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
+  tail -n 25 "$OUT/bench.log"
+fi
 if [ "$MODE" != tests ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_forward.py $([ "$MODE" = quick ] && echo --quick) \
-    --out "$OUT" >"$OUT/bench.log" 2>&1
-  note "bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
-  tail -n 40 "$OUT/bench.log"
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_backward.py $([ "$MODE" = bwd ] || echo $quick_flag) --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
+  note "backward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
+  tail -n 25 "$OUT/bench_bwd.log"
 fi
 
 if [ -n "${PROFILE:-}" ]; then  # ncu on the fused forward of one configuration

@@ -116,8 +116,9 @@ def chunk_gated_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                use_qk_l2norm_in_kernel: bool, state_v_first: bool,
                                cu_seqlens_cpu: Optional[torch.Tensor] = None,
                                inverse_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Low-level forward: (o, final_state), final_state empty when not asked for. The backward needs
-    only the forward's inputs (it recomputes the rest)."""
+    """Low-level forward: (o, final_state), final_state empty when not asked for. Differentiable
+    (autograd) w.r.t. q, k, v, g, beta and initial_state: the backward needs only the forward's
+    inputs (it recomputes the chunk states)."""
     N, Hv, K, V = _num_seqs(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     final = (torch.empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32, device=q.device)
@@ -164,14 +165,96 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, us
     return o, final
 
 
-def _backward(ctx, grad_o, grad_final):
-    raise NotImplementedError(
-        "flashgdn.chunk_gated_delta_rule: the backward pass is not available in this version "
-        "(the SM90 backward kernels are not built yet)")
+@torch.library.custom_op("flashgdn::chunk_gated_delta_rule_bwd", mutates_args=())
+def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                               beta: torch.Tensor, do: torch.Tensor, dht: Optional[torch.Tensor],
+                               initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                               scale: float, use_qk_l2norm_in_kernel: bool, state_v_first: bool,
+                               cu_seqlens_cpu: Optional[torch.Tensor] = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                          torch.Tensor]:
+    """Low-level backward: (dq, dk, dv, dg, dbeta, dh0) from the forward's inputs, the gradient of o
+    (do) and optionally of the final state (dht). dg is w.r.t. the raw gate g (fp32); dbeta has
+    beta's dtype; dh0 is empty when there is no initial_state. dq/dk are summed over each group of
+    value heads and include the L2-norm backward when use_qk_l2norm_in_kernel."""
+    dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
+    backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
+                  initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def _grad_outputs(q, k, v, g, beta, initial_state):
+    dh0 = (torch.empty_like(initial_state, memory_format=torch.contiguous_format) if initial_state is not None
+           else q.new_empty(0, dtype=torch.float32))
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            torch.empty_like(g, memory_format=torch.contiguous_format),
+            torch.empty_like(beta, memory_format=torch.contiguous_format), dh0)
+
+
+@chunk_gated_delta_rule_bwd.register_fake
+def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+      cu_seqlens_cpu=None):
+    return _grad_outputs(q, k, v, g, beta, initial_state)
+
+
+def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial_state, cu_seqlens,
+                  scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
+                  cu_seqlens_cpu: Optional[torch.Tensor] = None) -> None:
+    """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is)."""
+    if cu_seqlens_cpu is not None:
+        cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
+    c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens_cpu)
+    c_grads = _lib.BackwardTensors()
+    for name, t in (("d_o", do), ("d_final_state", dht), ("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg),
+                    ("dbeta", dbeta), ("d_initial_state", dh0)):
+        setattr(c_grads, name, _tensor(t))
+    if q.device.type == "cpu":  # the float64 reference, on host memory
+        _lib.check(_lib.lib.flashgdn_reference_backward, ctypes.byref(c_in), ctypes.byref(c_grads))
+        return
+    nbytes = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.flashgdn_backward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_grads),
+               ctypes.byref(nbytes))
+    workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _lib.check(_lib.lib.flashgdn_backward, ctypes.byref(c_in), ctypes.byref(c_grads),
+               ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
+               ctypes.c_void_p(stream))
+
+
+def _unit_inner(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+_FWD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "scale", "output_final_state",
+             "use_qk_l2norm_in_kernel", "state_v_first", "cu_seqlens_cpu", "inverse_fp32")
 
 
 def _setup_context(ctx, inputs, output):
-    pass
+    args = dict(zip(_FWD_ARGS, inputs))
+    ctx.save_for_backward(args["q"], args["k"], args["v"], args["g"], args["beta"], args["initial_state"],
+                          args["cu_seqlens"], args["cu_seqlens_cpu"])
+    ctx.scale = args["scale"]
+    ctx.use_qk_l2norm_in_kernel = args["use_qk_l2norm_in_kernel"]
+    ctx.state_v_first = args["state_v_first"]
+    ctx.output_final_state = args["output_final_state"]
+
+
+def _backward(ctx, grad_o, grad_final):
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors
+    if grad_o is None:
+        grad_o = torch.zeros_like(v)
+    dht = grad_final if ctx.output_final_state and grad_final is not None and grad_final.numel() > 0 else None
+    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), initial_state, cu_seqlens, ctx.scale,
+        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu)
+    needs = ctx.needs_input_grad
+    grads = [dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+             dg if needs[3] else None, dbeta if needs[4] else None,
+             dh0 if initial_state is not None and needs[5] else None]
+    return tuple(grads) + (None,) * (len(_FWD_ARGS) - len(grads))
 
 
 torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd", _backward, setup_context=_setup_context)

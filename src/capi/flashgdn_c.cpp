@@ -119,6 +119,12 @@ int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* 
 #endif
 }
 
+int flashgdn_backward_workspace_size(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads,
+                                     size_t* bytes, char* msg, int msg_len) {
+  if (in == nullptr || grads == nullptr) return report(null_argument("problem"), msg, msg_len);
+  return report(backward_workspace_size(to_backward(in, grads), bytes), msg, msg_len);
+}
+
 int flashgdn_backward(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads, void* workspace,
                       size_t workspace_bytes, void* stream, char* msg, int msg_len) {
   if (in == nullptr || grads == nullptr) return report(null_argument("problem"), msg, msg_len);

@@ -51,6 +51,8 @@ int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_fo
                                     int inverse_fp32, size_t* bytes, char* msg, int msg_len);
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int inverse_fp32,
                      void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len);
+int flashgdn_backward_workspace_size(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads,
+                                     size_t* bytes, char* msg, int msg_len);
 int flashgdn_backward(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads, void* workspace,
                       size_t workspace_bytes, void* stream, char* msg, int msg_len);
 

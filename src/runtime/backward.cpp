@@ -1,19 +1,119 @@
-// Backward entry points of a build with SM90 kernels. The backward kernels do not exist yet: the
-// calls validate their arguments and then answer kNotBuilt (never a silent no-op).
+// Backward entry points of a build with SM90 kernels: plan the workspace, fill the kernel
+// parameters, launch on the caller's stream. No allocation, no host sync.
+//
+// Launch sequence (the pre-pass recomputes what the forward does not keep):
+//   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
+//   [chunk_offsets]    only in varlen mode
+//   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it)
+//   fused_forward      o not written; the bf16 state entering every chunk into chunk_states
+//   fused_backward     per (sequence, v-head), chunks last to first: dv, dg, dbeta, dh0, and dq, dk
+//                      of every v-head in fp32
+//   qk_grads           dq, dk: group sums over v-heads, L2-norm backward, cast
+//   [zero_grad_padding]  only in varlen mode: dv, dg, dbeta of tokens past cu_seqlens[N]
+//
+// Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; chunk_states [chunks, Hv, 128, 128]
+// in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128].
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
+#include "runtime/common.h"
 
 namespace flashgdn {
+namespace detail {
+namespace {
+
+struct BackwardLayout {
+  InputLayout inputs;
+  std::size_t inverse = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
+  std::size_t bytes = 0;
+};
+
+BackwardLayout backward_layout(const BackwardProblem& problem) {
+  const Inputs& in = problem.in;
+  const Shape& s = in.shape;
+  const auto tokens_heads = static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads);
+  BackwardLayout layout;
+  layout.inputs = input_layout(in);
+  std::size_t offset = layout.inputs.end;
+  layout.inverse = offset;
+  offset = align_up(offset + tokens_heads * 64 * sizeof(float));
+  layout.chunk_states = offset;
+  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+  layout.dq_heads = offset;
+  offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+  layout.dk_heads = offset;
+  offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+  layout.bytes = offset;
+  return layout;
+}
+
+}  // namespace
+}  // namespace detail
 
 Status backward_workspace_size(const BackwardProblem& problem, std::size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes: null pointer"};
   *bytes = 0;
-  return detail::validate_backward(problem, detail::Target::kDevice);
+  if (auto s = detail::validate_backward(problem, detail::Target::kDevice); !s.ok()) return s;
+  *bytes = detail::backward_layout(problem).bytes;
+  return {};
 }
 
-Status backward(const BackwardProblem& problem, void*, std::size_t, cudaStream_t) {
-  if (auto s = detail::validate_backward(problem, detail::Target::kDevice); !s.ok()) return s;
-  return {StatusCode::kNotBuilt, "backward: the SM90 backward kernels are not built yet in this version"};
+Status backward(const BackwardProblem& problem, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  using namespace detail;
+  if (auto s = validate_backward(problem, Target::kDevice); !s.ok()) return s;
+  if (auto s = check_device(); !s.ok()) return s;
+  const BackwardLayout layout = backward_layout(problem);
+  if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
+
+  const Inputs& in = problem.in;
+  auto* ws = static_cast<unsigned char*>(workspace);
+  kern::BackwardParams bp;
+  kern::ForwardParams& p = bp.fwd;
+  if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p); !s.ok()) return s;
+  p.inverse = ws + layout.inverse;
+  p.chunk_states = ws + layout.chunk_states;
+  const kern::ElemKind elem = elem_kind(in);
+  if (auto s = launch_inverse_and_forward(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+
+  bp.d_o = problem.d_o.data;
+  bp.d_o_strides = row_strides(problem.d_o);
+  bp.d_final_state = static_cast<const float*>(problem.d_final_state.data);
+  bp.d_initial_state = static_cast<float*>(problem.d_initial_state.data);
+  for (int i = 0; i < 4; ++i) {
+    bp.d_final_state_strides[i] = problem.d_final_state.strides[i];
+    bp.d_initial_state_strides[i] = problem.d_initial_state.strides[i];
+  }
+  bp.dv = problem.dv.data;
+  bp.dv_strides = row_strides(problem.dv);
+  bp.dg = static_cast<float*>(problem.dg.data);
+  bp.dg_strides = row_strides(problem.dg);
+  bp.dbeta = problem.dbeta.data;
+  bp.dbeta_strides = row_strides(problem.dbeta);
+  bp.dq_heads = reinterpret_cast<float*>(ws + layout.dq_heads);
+  bp.dk_heads = reinterpret_cast<float*>(ws + layout.dk_heads);
+  bp.dq = problem.dq.data;
+  bp.dk = problem.dk.data;
+  bp.dq_strides = row_strides(problem.dq);
+  bp.dk_strides = row_strides(problem.dk);
+  bp.l2norm = in.use_qk_l2norm_in_kernel;
+  bp.q_raw = in.q.data;
+  bp.k_raw = in.k.data;
+  bp.q_raw_strides = row_strides(in.q);
+  bp.k_raw_strides = row_strides(in.k);
+
+  const bool bf16 = elem == kern::ElemKind::kBF16;
+  if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
+                                : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
+                           "fused_backward");
+      !s.ok())
+    return s;
+  if (auto s = cuda_status(bf16 ? kern::launch_qk_grads<kern::ElemKind::kBF16>(bp, stream)
+                                : kern::launch_qk_grads<kern::ElemKind::kF16>(bp, stream),
+                           "qk_grads");
+      !s.ok())
+    return s;
+  if (in.varlen.present())
+    return cuda_status(kern::launch_zero_grad_padding(bp, elem, stream), "zero_grad_padding");
+  return {};
 }
 
 }  // namespace flashgdn

@@ -9,76 +9,21 @@
 //   [zero_padding]     only in varlen mode: o of tokens past cu_seqlens[N]
 #include "runtime/forward.h"
 
-#include <cuda_runtime_api.h>
-
-#include <string>
-
 #include "api/validate.h"
-#include "kernels/sm90/launch.h"
+#include "runtime/common.h"
 
 namespace flashgdn {
 namespace detail {
-namespace {
-
-constexpr std::size_t kAlign = 256;
-std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-Status cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return {};
-  return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(err)};
-}
-
-// Upper bound on the chunks of the problem (exact in batch mode and with a host cu_seqlens).
-int64_t chunk_bound(const Inputs& in) {
-  const int64_t T = in.shape.seqlen;
-  if (!in.varlen.present()) return in.shape.batch * ((T + 63) / 64);
-  if (const int64_t* cu = in.varlen.cu_seqlens_host) {
-    int64_t chunks = 0;
-    for (int64_t i = 0; i < in.varlen.num_seqs; ++i) chunks += (cu[i + 1] - cu[i] + 63) / 64;
-    return chunks;
-  }
-  return T / 64 + in.varlen.num_seqs;
-}
-
-Status check_device() {
-  int device = 0, major = 0, minor = 0;
-  if (auto s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
-  if (auto s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                           "cudaDeviceGetAttribute");
-      !s.ok())
-    return s;
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (major != 9 || minor != 0)
-    return {StatusCode::kNotBuilt, "flashgdn's kernels are built for sm_90a (H100/H200); device " +
-                                       std::to_string(device) + " has compute capability " +
-                                       std::to_string(major) + "." + std::to_string(minor)};
-  return {};
-}
-
-kern::RowStrides row_strides(const TensorRef& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
-
-}  // namespace
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
   ForwardLayout layout;
-  layout.max_chunks = chunk_bound(in);
-  std::size_t offset = 0;
-  if (in.varlen.present()) {
-    layout.chunk_offsets = offset;
-    offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
-  }
+  layout.inputs = input_layout(in);
+  std::size_t offset = layout.inputs.end;
   layout.inverse = offset;
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
-  if (in.use_qk_l2norm_in_kernel) {
-    const std::size_t qk_bytes = static_cast<std::size_t>(s.batch * s.seqlen * s.num_qk_heads) * 128 * 2;
-    layout.q_normalized = offset;
-    offset = align_up(offset + qk_bytes);
-    layout.k_normalized = offset;
-    offset = align_up(offset + qk_bytes);
-  }
   layout.bytes = offset;
   return layout;
 }
@@ -88,92 +33,21 @@ Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, vo
   if (auto s = validate_forward(problem, Target::kDevice); !s.ok()) return s;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
-  if (workspace_bytes < layout.bytes)
-    return {StatusCode::kWorkspaceTooSmall, "workspace: " + std::to_string(workspace_bytes) +
-                                                " bytes given, " + std::to_string(layout.bytes) + " needed"};
-  if (layout.bytes > 0 && workspace == nullptr)
-    return {StatusCode::kInvalidArgument, "workspace: null pointer"};
-  if (reinterpret_cast<uintptr_t>(workspace) % kAlign != 0)
-    return {StatusCode::kInvalidArgument, "workspace: must be 256-byte aligned"};
+  if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
-  const Inputs& in = problem.in;
-  const Shape& shape = in.shape;
   auto* ws = static_cast<unsigned char*>(workspace);
-  const kern::ElemKind elem = in.q.dtype == DType::kBF16 ? kern::ElemKind::kBF16 : kern::ElemKind::kF16;
-
   kern::ForwardParams p;
-  p.q = in.q.data;
-  p.k = in.k.data;
-  p.q_strides = row_strides(in.q);
-  p.k_strides = row_strides(in.k);
-  if (in.use_qk_l2norm_in_kernel) {
-    const auto launch = elem == kern::ElemKind::kBF16 ? kern::launch_l2norm_rows<kern::ElemKind::kBF16>
-                                                      : kern::launch_l2norm_rows<kern::ElemKind::kF16>;
-    const kern::RowStrides packed{shape.seqlen * shape.num_qk_heads * 128, shape.num_qk_heads * 128, 128};
-    p.q = ws + layout.q_normalized;
-    p.k = ws + layout.k_normalized;
-    if (auto s = cuda_status(launch(in.q.data, shape.batch, shape.seqlen, shape.num_qk_heads, in.q.strides[0],
-                                    in.q.strides[1], in.q.strides[2], ws + layout.q_normalized, stream),
-                             "l2norm(q)");
-        !s.ok())
-      return s;
-    if (auto s = cuda_status(launch(in.k.data, shape.batch, shape.seqlen, shape.num_qk_heads, in.k.strides[0],
-                                    in.k.strides[1], in.k.strides[2], ws + layout.k_normalized, stream),
-                             "l2norm(k)");
-        !s.ok())
-      return s;
-    p.q_strides = packed;
-    p.k_strides = packed;
-  }
-  p.v = in.v.data;
-  p.v_strides = row_strides(in.v);
-  p.g = static_cast<const float*>(in.g.data);
-  p.g_strides = row_strides(in.g);
-  p.beta = in.beta.data;
-  p.beta_strides = row_strides(in.beta);
-  p.beta_is_bf16 = in.beta.dtype == DType::kBF16;
+  if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p); !s.ok()) return s;
   p.o = problem.o.data;
   p.o_strides = row_strides(problem.o);
-  p.initial_state = static_cast<const float*>(in.initial_state.data);
   p.final_state = static_cast<float*>(problem.final_state.data);
-  for (int i = 0; i < 4; ++i) {
-    p.initial_state_strides[i] = in.initial_state.strides[i];
-    p.final_state_strides[i] = problem.final_state.strides[i];
-  }
-  p.state_vk = in.state_layout == StateLayout::kVK;
-  p.batch = shape.batch;
-  p.seqlen = shape.seqlen;
-  p.num_seqs = in.num_sequences();
-  p.num_qk_heads = shape.num_qk_heads;
-  p.num_v_heads = shape.num_v_heads;
-  p.scale = in.effective_scale();
-  p.cu_seqlens = in.varlen.cu_seqlens;
-  p.cu_seqlens_is_i64 = in.varlen.dtype == DType::kI64;
-  p.chunk_offsets = in.varlen.present() ? reinterpret_cast<int32_t*>(ws + layout.chunk_offsets) : nullptr;
-  p.max_chunks = layout.max_chunks;
+  for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
 
-  if (in.varlen.present()) {
-    if (auto s = cuda_status(kern::launch_chunk_offsets(p, stream), "chunk_offsets"); !s.ok()) return s;
-  }
-  using kern::ElemKind;
-  using kern::InverseKind;
-  const bool bf16 = elem == ElemKind::kBF16, inverse_f32 = inverse == InverseKind::kF32;
-  const auto launch_inverse =
-      bf16 ? (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kF32>
-                          : kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kBF16>)
-           : (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kF32>
-                          : kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kBF16>);
-  const auto launch_fused =
-      bf16 ? (inverse_f32 ? kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kF32>
-                          : kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kBF16>)
-           : (inverse_f32 ? kern::launch_fused_forward<ElemKind::kF16, InverseKind::kF32>
-                          : kern::launch_fused_forward<ElemKind::kF16, InverseKind::kBF16>);
-  if (auto s = cuda_status(launch_inverse(p, stream), "chunk_inverse"); !s.ok()) return s;
-  if (auto s = cuda_status(launch_fused(p, stream), "fused_forward"); !s.ok()) return s;
-  if (in.varlen.present()) {
-    if (auto s = cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding"); !s.ok()) return s;
-  }
+  const kern::ElemKind elem = elem_kind(problem.in);
+  if (auto s = launch_inverse_and_forward(p, elem, inverse, stream); !s.ok()) return s;
+  if (problem.in.varlen.present())
+    return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};
 }
 

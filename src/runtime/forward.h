@@ -7,6 +7,7 @@
 
 #include "flashgdn/flashgdn.h"
 #include "kernels/sm90/launch.h"
+#include "runtime/common.h"
 
 namespace flashgdn::detail {
 
@@ -18,12 +19,9 @@ inline constexpr kern::InverseKind kDefaultInverse = kern::InverseKind::kBF16;
 
 // Byte offsets of the workspace regions (256-byte aligned) and the total.
 struct ForwardLayout {
-  std::size_t chunk_offsets = 0;  // int32 [N + 1], varlen only
-  std::size_t inverse = 0;        // A_r rows [B * T, Hv, 64]
-  std::size_t q_normalized = 0;   // [B, T, Hqk, 128], with use_qk_l2norm_in_kernel only
-  std::size_t k_normalized = 0;
+  InputLayout inputs;        // chunk offsets, normalised q and k
+  std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
   std::size_t bytes = 0;
-  int64_t max_chunks = 0;  // launch bound on chunks
 };
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);

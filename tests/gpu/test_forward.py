@@ -202,14 +202,6 @@ def test_torch_compile(seed):
     check(x, o2 / 2, final)
 
 
-def test_backward_not_implemented(seed):
-    x = make_inputs(1, 64, 1, 1)
-    x["v"].requires_grad_(True)
-    o, _ = flashgdn.chunk_gated_delta_rule(**x)
-    with pytest.raises(NotImplementedError):
-        o.float().sum().backward()
-
-
 def test_bad_inputs(seed):
     x = make_inputs(1, 64, 2, 4)
     with pytest.raises(TypeError, match="q: dtype"):

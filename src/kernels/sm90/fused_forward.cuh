@@ -1,6 +1,9 @@
 // Fused chunked forward: one CTA walks the chunks of one (sequence, v-head) with the state S in
 // fp32 registers, computing W, Vd and O per chunk; W and Vd never leave shared memory.
 //
+// With chunk_states set (the backward's pre-pass), the bf16 state entering every chunk is saved
+// and o may be null.
+//
 // Grid  (N sequences, Hv); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
 // fp32 accumulate). Every 128x128 product uses the warp tiling rows 32*(warp%4), cols 64*(warp/4),
 // so each thread holds the same 64 elements of S in `state` for the whole sequence.
@@ -65,6 +68,19 @@ struct FusedForward {
         for (int e = 0; e < 4; e += 2)
           store_pair(&s.state[acc_row(m0, i, e) * kPitch + acc_col(n0, j, e)], state[i][j][e],
                      state[i][j][e + 1]);
+  }
+
+  // The bf16 copy of the state entering chunk c (complete since the loop's first barrier) into
+  // chunk_states, 16-byte vectors.
+  static __device__ void save_entering_state(const ForwardParams& p, const SharedStorage& s, int64_t n, int h,
+                                             int64_t c) {
+    Elem* dst = static_cast<Elem*>(p.chunk_states) +
+                ((first_chunk(p, n) + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
+      const int row = e / 16, vec = e % 16;
+      *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
+          *reinterpret_cast<const uint4*>(&s.state[row * kPitch + vec * 8]);
+    }
   }
 
   // K and Q rows of the chunk into kq, V rows into v; rows past the chunk are zero-filled.
@@ -187,6 +203,7 @@ struct FusedForward {
       __syncthreads();  // the previous chunk is done with every buffer
       load_chunk(p, s, b, t0, rows, hk, h);
       load_gates(p, s, b, t0, rows, h);
+      if (p.chunk_states != nullptr) save_entering_state(p, s, n, h, c);
       cp_async_wait<0>();
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
@@ -248,7 +265,7 @@ struct FusedForward {
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
               const int row = acc_row(m0 - kChunk, i, e), col = acc_col(n0, j, e);
-              if (row < rows) {
+              if (row < rows && p.o != nullptr) {
                 Elem* out = static_cast<Elem*>(p.o) + b * p.o_strides.batch + (t0 + row) * p.o_strides.token +
                             h * p.o_strides.head + col;
                 store_pair(out, p.scale * acc[i][j][e], p.scale * acc[i][j][e + 1]);

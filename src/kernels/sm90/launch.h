@@ -28,4 +28,15 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream);
 template <ElemKind E, InverseKind I>
 cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream);
 
+// Backward (the inverse in fp32 and chunk_states saved by launch_fused_forward<E, kF32> first).
+template <ElemKind E>
+cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream);
+
+// dq, dk from the per-v-head fp32 gradients: group sum, L2-norm backward, cast, varlen padding.
+template <ElemKind E>
+cudaError_t launch_qk_grads(const BackwardParams& p, cudaStream_t stream);
+
+// dv, dg, dbeta of tokens past cu_seqlens[num_seqs] set to zero (varlen only).
+cudaError_t launch_zero_grad_padding(const BackwardParams& p, ElemKind elem, cudaStream_t stream);
+
 }  // namespace flashgdn::kern

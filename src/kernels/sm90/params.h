@@ -45,6 +45,39 @@ struct ForwardParams {
   int32_t* chunk_offsets = nullptr;  // varlen: first global chunk of each sequence (num_seqs + 1)
   int64_t max_chunks = 0;            // launch bound on the number of chunks
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
+  // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
+  // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.
+  void* chunk_states = nullptr;
+};
+
+// The backward reads the forward's inputs and workspace through `fwd` (the inverse in fp32).
+struct BackwardParams {
+  ForwardParams fwd;
+  const void* d_o = nullptr;  // (b, t, hv, 128), dtype of v
+  RowStrides d_o_strides;
+  const float* d_final_state = nullptr;  // optional, states layout of fwd
+  float* d_initial_state = nullptr;      // present exactly when fwd.initial_state is
+  int64_t d_final_state_strides[4] = {0, 0, 0, 0};
+  int64_t d_initial_state_strides[4] = {0, 0, 0, 0};
+
+  // Per-v-head outputs.
+  void* dv = nullptr;  // (b, t, hv, 128), dtype of v
+  float* dg = nullptr;  // (b, t, hv)
+  void* dbeta = nullptr;  // (b, t, hv), dtype of beta
+  RowStrides dv_strides, dg_strides, dbeta_strides;
+
+  // dq, dk of every v-head in fp32, (b * seqlen + t, hv, 128) (workspace), then summed over each
+  // group of v-heads (and through the L2 norm) into dq, dk (b, t, hqk, 128), dtype of q.
+  float* dq_heads = nullptr;
+  float* dk_heads = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  RowStrides dq_strides, dk_strides;
+  // Raw q, k when the forward normalised them (fwd.q/fwd.k then point at the normalised copies).
+  const void* q_raw = nullptr;
+  const void* k_raw = nullptr;
+  RowStrides q_raw_strides, k_raw_strides;
+  bool l2norm = false;
 };
 
 }  // namespace flashgdn::kern

@@ -23,6 +23,11 @@ __device__ __forceinline__ SequenceBounds sequence_bounds(const ForwardParams& p
   return {0, cu_seqlens_at(p, n), cu_seqlens_at(p, n + 1)};
 }
 
+// Global id of the first chunk of sequence n (the row of its first chunk in per-chunk tables).
+__device__ __forceinline__ int64_t first_chunk(const ForwardParams& p, int64_t n) {
+  return p.cu_seqlens == nullptr ? n * ((p.seqlen + kChunk - 1) / kChunk) : p.chunk_offsets[n];
+}
+
 struct ChunkLocation {
   SequenceBounds seq;
   int64_t first_token;  // token index (within the batch entry) of the chunk's row 0

@@ -1,0 +1,6 @@
+// Explicit instantiation: fused backward, q/k/v f16.
+#include "kernels/sm90/backward_launch.cuh"
+
+namespace flashgdn::kern {
+template cudaError_t launch_fused_backward<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
+}  // namespace flashgdn::kern

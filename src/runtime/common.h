@@ -1,0 +1,54 @@
+// Internal: what the forward and backward entry points share: workspace arithmetic, the device
+// check, and filling the input side of the kernel parameters (with the launches that prepare it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashgdn/flashgdn.h"
+#include "kernels/sm90/launch.h"
+
+namespace flashgdn::detail {
+
+inline constexpr std::size_t kWorkspaceAlign = 256;
+inline std::size_t align_up(std::size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+Status cuda_status(cudaError_t err, const char* what);
+
+// Upper bound on the chunks of the problem (exact in batch mode and with a host cu_seqlens).
+int64_t chunk_bound(const Inputs& in);
+
+// kNotBuilt unless the current device is sm_90.
+Status check_device();
+
+// kWorkspaceTooSmall / kInvalidArgument for a workspace that cannot hold `needed` bytes.
+Status check_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
+
+kern::RowStrides row_strides(const TensorRef& t);
+kern::ElemKind elem_kind(const Inputs& in);
+
+// Workspace regions every launch sequence has; offsets from the start of the workspace.
+struct InputLayout {
+  std::size_t chunk_offsets = 0;  // int32 [N + 1], varlen only
+  std::size_t q_normalized = 0;   // [B, T, Hqk, 128], with use_qk_l2norm_in_kernel only
+  std::size_t k_normalized = 0;
+  std::size_t end = 0;            // first byte after them
+};
+InputLayout input_layout(const Inputs& in);
+
+// The input side of p: q, k (L2-normalised into the workspace when asked, launching l2norm_rows),
+// v, g, beta, initial_state, problem sizes, varlen tables (launching chunk_offsets).
+Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* workspace, cudaStream_t stream,
+                      kern::ForwardParams& p);
+
+}  // namespace flashgdn::detail
+
+namespace flashgdn::detail {
+
+// chunk_inverse then fused_forward for the (elem, inverse storage) variant.
+Status launch_inverse_and_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                                  cudaStream_t stream);
+
+}  // namespace flashgdn::detail
