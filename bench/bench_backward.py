@@ -160,14 +160,16 @@ def geomean(values):
 
 
 def selected(args_filter: str, hqk: int, hv: int, mix: str, model: str) -> tuple[bool, set]:
-    """--filter key=value[,key=value...], keys hv, hqk, mix, model, dir. Returns (config selected,
+    """--filter key=value[,key=value...] (all must hold; value may list alternatives a|b), keys hv, hqk,
+    mix, model, dir. Returns (config selected,
     directions selected)."""
     directions = set(DIRECTIONS)
     for item in filter(None, args_filter.split(",")):
         key, value = item.split("=")
+        values = set(value.split("|"))  # hv=16|8: any of them
         if key == "dir":
-            directions &= {value}
-        elif {"hv": str(hv), "hqk": str(hqk), "mix": mix, "model": model}.get(key) != value:
+            directions &= values
+        elif {"hv": str(hv), "hqk": str(hqk), "mix": mix, "model": model}.get(key) not in values:
             return False, directions
     return bool(directions), directions
 

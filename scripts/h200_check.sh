@@ -3,7 +3,8 @@
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
 #   scripts/h200_check.sh [tests|quick|full|bwd]   (default quick: tests + quick forward and
 #   backward benchmarks; bwd: tests + the full backward table only)
-#   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu)
+#   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
+#   BWD_BENCH_ARGS (extra arguments of bench/bench_backward.py, e.g. --filter hv=16|8)
 # Carried wheels (.whl/, e.g. FLA for the side-by-side benchmark) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,7 @@ if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
   tail -n 25 "$OUT/bench.log"
 fi
 if [ "$MODE" != tests ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_backward.py $([ "$MODE" = bwd ] || echo $quick_flag) --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_backward.py $([ "$MODE" = bwd ] || echo $quick_flag) ${BWD_BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
   note "backward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench_bwd.log"
 fi
