@@ -177,6 +177,7 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     (do) and optionally of the final state (dht). dg is w.r.t. the raw gate g (fp32); dbeta has
     beta's dtype; dh0 is empty when there is no initial_state. dq/dk are summed over each group of
     value heads and include the L2-norm backward when use_qk_l2norm_in_kernel."""
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
     backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
                   initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <utility>
 #include <cstdint>
 #include <sstream>
@@ -139,8 +140,43 @@ Status check_same_dtype(const Arg& a, const Arg& b) {
                      "'s ", dtype_name(b.ref->dtype)));
 }
 
+// Whether two views with the same strides and element size share an element: element
+// a + sum n_i s_i of x meets b + sum m_i s_i of y iff (a - b) - sum k_i s_i lies within one element,
+// k_i = m_i - n_i in [-(ex_i - 1), ey_i - 1]. When each stride is at least the reach of the smaller
+// ones (views that do not overlap themselves), the remainder after the largest stride must lie in
+// (-s_i, s_i), so k_i is within 2 of (a - b) / s_i: a search of at most 5^4 candidates, exact.
+// Answers nullopt when that stride condition fails (then only the byte ranges are compared).
+std::optional<bool> views_share_element(const Arg& x, const Arg& y) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(x.ref->dtype));
+  int order[4] = {0, 1, 2, 3};  // dimensions by decreasing stride (insertion sort of <= 4)
+  for (int i = 1; i < x.rank; ++i)
+    for (int j = i; j > 0 && x.ref->strides[order[j]] > x.ref->strides[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
+  int64_t reach = elem;  // bytes touched by the dimensions below, from one element
+  for (int j = x.rank - 1; j >= 0; --j) {
+    const int d = order[j];
+    const int64_t stride = x.ref->strides[d] * elem, extent = std::max(x.extents[d], y.extents[d]);
+    if (extent > 1 && stride < reach) return std::nullopt;
+    reach += (extent - 1) * stride;
+  }
+  const int64_t delta = static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.ref->data)) -
+                        static_cast<int64_t>(reinterpret_cast<uintptr_t>(y.ref->data));
+  auto search = [&](auto&& self, int j, int64_t rest) -> bool {
+    if (j == x.rank) return rest > -elem && rest < elem;
+    const int d = order[j];
+    const int64_t stride = x.ref->strides[d] * elem;
+    if (stride == 0) return self(self, j + 1, rest);
+    const int64_t guess = rest / stride;
+    for (int64_t k = guess - 2; k <= guess + 2; ++k)
+      if (k > -x.extents[d] && k < y.extents[d] && self(self, j + 1, rest - k * stride)) return true;
+    return false;
+  };
+  return search(search, 0, delta);
+}
+
 // Each output must share no byte with any other argument, except a state output that is exactly
-// the same view as the state input (in-place update).
+// the same view as the state input (in-place update). Views with identical strides are compared
+// element by element (interleaved views of one fused buffer, e.g. dq/dk/dv, do not clash).
 // `in_place` names the one (input, output) pair allowed to be the identical view, if any.
 Status check_overlaps(const std::vector<Arg>& inputs, const std::vector<Arg>& outputs,
                       std::pair<const char*, const char*> in_place = {nullptr, nullptr}) {
@@ -156,7 +192,11 @@ Status check_overlaps(const std::vector<Arg>& inputs, const std::vector<Arg>& ou
     auto clash = [&](const Arg& other) {
       if (!other.ref->present()) return false;
       const auto [olo, ohi] = other.byte_range();
-      return olo != ohi && lo < ohi && olo < hi;
+      if (olo == ohi || !(lo < ohi && olo < hi)) return false;
+      if (other.rank == out.rank && dtype_size(other.ref->dtype) == dtype_size(out.ref->dtype) &&
+          std::equal(out.ref->strides, out.ref->strides + out.rank, other.ref->strides))
+        return views_share_element(out, other).value_or(true);
+      return true;
     };
     for (const Arg& in : inputs) {
       if (!clash(in)) continue;

@@ -273,6 +273,41 @@ TEST(Validate, OverlappingOutputs) {
   }
 }
 
+// dq, dk, dv as interleaved head slices of one fused [B, T, (2 Hqk + Hv) D] gradient buffer: the
+// byte ranges intersect, the elements do not.
+void fuse_grads(Fixture& f, int64_t dk_shift) {
+  constexpr int64_t width = (2 * kHqk + kHv) * kD;
+  auto* base = static_cast<std::byte*>(f.arena.take(kB * kT * width * 2));
+  auto view = [&](TensorRef& t, int64_t offset) {
+    t.data = base + offset * 2;
+    t.strides[0] = kT * width;
+    t.strides[1] = width;
+  };
+  view(f.bwd.dq, 0);
+  view(f.bwd.dk, kHqk * kD + dk_shift);
+  view(f.bwd.dv, 2 * kHqk * kD);
+}
+
+TEST(Validate, InterleavedGradientViews) {
+  {
+    Fixture f;
+    fuse_grads(f, 0);
+    EXPECT_TRUE(validate_backward(f.bwd).ok()) << validate_backward(f.bwd).message();
+  }
+  {
+    Fixture f;  // dk shifted half a head down: its first head meets dq's last
+    fuse_grads(f, -kD / 2);
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dq");
+    EXPECT_NE(validate_backward(f.bwd).message().find("overlaps output dk"), std::string::npos);
+  }
+  {
+    Fixture f;  // dk shifted 8 elements (16 bytes) up: its last head meets dv's first
+    fuse_grads(f, 8);
+    expect_error(validate_backward(f.bwd), StatusCode::kInvalidArgument, "dk");
+    EXPECT_NE(validate_backward(f.bwd).message().find("overlaps output dv"), std::string::npos);
+  }
+}
+
 TEST(Validate, ShapeMismatch) {
   {
     Fixture f;  // a state of another head dim
