@@ -27,7 +27,9 @@ class Inputs(ctypes.Structure):
                 ("cu_seqlens", ctypes.c_void_p), ("cu_seqlens_dtype", ctypes.c_int32),
                 ("num_seqs", ctypes.c_int64), ("cu_seqlens_host", ctypes.c_void_p),
                 ("state_v_first", ctypes.c_int32), ("has_scale", ctypes.c_int32),
-                ("scale", ctypes.c_float), ("use_qk_l2norm_in_kernel", ctypes.c_int32)]
+                ("scale", ctypes.c_float), ("use_qk_l2norm_in_kernel", ctypes.c_int32),
+                ("context_parallel", ctypes.c_int32), ("cp_segment_chunks", ctypes.c_int64),
+                ("cp_decay_threshold", ctypes.c_float)]
 
 
 class ForwardOutputs(ctypes.Structure):

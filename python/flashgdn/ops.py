@@ -86,7 +86,7 @@ def _num_seqs(q, cu_seqlens):
 
 
 def _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-            cu_seqlens_host=None):
+            cu_seqlens_host=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0):
     c = _lib.Inputs()
     c.batch, c.seqlen, c.num_qk_heads, c.head_dim_k = q.shape
     c.num_v_heads, c.head_dim_v = v.shape[2], v.shape[3]
@@ -102,6 +102,9 @@ def _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in
     c.has_scale = 1
     c.scale = scale
     c.use_qk_l2norm_in_kernel = int(use_qk_l2norm_in_kernel)
+    c.context_parallel = int(context_parallel)
+    c.cp_segment_chunks = int(cp_segment_chunks)
+    c.cp_decay_threshold = float(cp_decay_threshold)
     return c
 
 
@@ -115,7 +118,8 @@ def chunk_gated_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens: Optional[torch.Tensor], scale: float, output_final_state: bool,
                                use_qk_l2norm_in_kernel: bool, state_v_first: bool,
                                cu_seqlens_cpu: Optional[torch.Tensor] = None,
-                               inverse_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                               inverse_fp32: bool = False, context_parallel: int = 0, cp_segment_chunks: int = 0,
+                               cp_decay_threshold: float = -10.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward: (o, final_state), final_state empty when not asked for. Differentiable
     (autograd) w.r.t. q, k, v, g, beta and initial_state: the backward needs only the forward's
     inputs (it recomputes the chunk states)."""
@@ -124,20 +128,24 @@ def chunk_gated_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     final = (torch.empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32, device=q.device)
              if output_final_state else torch.empty(0, dtype=torch.float32, device=q.device))
     forward_into(o, final if output_final_state else None, q, k, v, g, beta, initial_state, cu_seqlens,
-                 scale, use_qk_l2norm_in_kernel, state_v_first, inverse_fp32, cu_seqlens_cpu)
+                 scale, use_qk_l2norm_in_kernel, state_v_first, inverse_fp32, cu_seqlens_cpu, context_parallel,
+                 cp_segment_chunks, cp_decay_threshold)
     return o, final
 
 
 def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, g, beta, initial_state,
                  cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
-                 inverse_fp32: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None) -> None:
+                 inverse_fp32: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                 context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0) -> None:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
-    of cu_seqlens, used to validate the offsets without a device sync."""
+    of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
+    context parallelism). context_parallel: 0 auto, 1 off, 2 on (cp_segment_chunks: segment length in
+    64-token chunks, 0 = the planner's)."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-                   cu_seqlens_cpu)
+                   cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
     c_out = _lib.ForwardOutputs()
     c_out.o = _tensor(o)
     c_out.final_state = _tensor(final_state)
@@ -156,7 +164,8 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
 
 @chunk_gated_delta_rule_fwd.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
-      state_v_first, cu_seqlens_cpu=None, inverse_fp32=False):
+      state_v_first, cu_seqlens_cpu=None, inverse_fp32=False, context_parallel=0, cp_segment_chunks=0,
+      cp_decay_threshold=-10.0):
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     Hv, K, V = v.shape[2], q.shape[3], v.shape[3]
     o = v.new_empty(v.shape)
@@ -230,7 +239,8 @@ def _unit_inner(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 _FWD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "scale", "output_final_state",
-             "use_qk_l2norm_in_kernel", "state_v_first", "cu_seqlens_cpu", "inverse_fp32")
+             "use_qk_l2norm_in_kernel", "state_v_first", "cu_seqlens_cpu", "inverse_fp32", "context_parallel",
+             "cp_segment_chunks", "cp_decay_threshold")
 
 
 def _setup_context(ctx, inputs, output):
@@ -265,13 +275,21 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            beta: torch.Tensor, scale: Optional[float] = None,
                            initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
                            use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-                           state_v_first: bool = False, **kwargs):
+                           state_v_first: bool = False, auto_cp: Optional[bool] = None,
+                           cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0, **kwargs):
     """Gated delta rule, chunked prefill. Drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule.
 
     q, k: [B, T, Hqk, K]; v: [B, T, Hv, V]; g (log-space gate, fp32) and beta: [B, T, Hv];
     initial_state: [N, Hv, K, V] fp32 ([N, Hv, V, K] with state_v_first); cu_seqlens: [N + 1] offsets of
     packed sequences (then B == 1); cu_seqlens_cpu (keyword): an optional host copy of cu_seqlens that
-    lets flashgdn check the offsets without a device sync. Returns (o [B, T, Hv, V] in v's dtype, final_state or None).
+    lets flashgdn check the offsets and plan without a device sync. Returns (o [B, T, Hv, V] in v's
+    dtype, final_state or None).
+
+    Intra-card context parallelism of the forward (long sequences cut into segments run in
+    parallel): auto_cp None (default) lets the planner decide (batch mode, or varlen with
+    cu_seqlens_cpu), False turns it off, True forces it (cp_segment_chunks: segment length in
+    64-token chunks, 0 = the planner's). cp_decay_threshold: log-decay below which a head's segment
+    needs no exact transition (error <= e^threshold of the state's norm).
     """
     for key in kwargs:
         if key not in ("head_first", "cu_seqlens_cpu"):
@@ -284,7 +302,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     cu_seqlens_cpu = kwargs.get("cu_seqlens_cpu")
     if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
         cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
+    context_parallel = 0 if auto_cp is None else (2 if auto_cp else 1)
     o, final = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                                           bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                                          bool(state_v_first), cu_seqlens_cpu)
+                                          bool(state_v_first), cu_seqlens_cpu, False, context_parallel,
+                                          int(cp_segment_chunks), float(cp_decay_threshold))
     return o, (final if output_final_state else None)

@@ -41,6 +41,11 @@ Inputs to_inputs(const flashgdn_inputs& c) {
   in.state_layout = c.state_v_first ? StateLayout::kVK : StateLayout::kKV;
   if (c.has_scale) in.scale = c.scale;
   in.use_qk_l2norm_in_kernel = c.use_qk_l2norm_in_kernel != 0;
+  in.context_parallelism.mode = c.context_parallel == 1   ? ContextParallel::kOff
+                                : c.context_parallel == 2 ? ContextParallel::kOn
+                                                          : ContextParallel::kAuto;
+  in.context_parallelism.segment_chunks = c.cp_segment_chunks;
+  if (c.cp_decay_threshold != 0.f) in.context_parallelism.decay_threshold = c.cp_decay_threshold;
   return in;
 }
 

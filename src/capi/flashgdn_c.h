@@ -32,6 +32,9 @@ typedef struct {
   int32_t has_scale;
   float scale;
   int32_t use_qk_l2norm_in_kernel;
+  int32_t context_parallel;   /* 0 auto, 1 off, 2 on (flashgdn::ContextParallel) */
+  int64_t cp_segment_chunks;  /* 0: the planner's choice */
+  float cp_decay_threshold;   /* 0: the default (-10) */
 } flashgdn_inputs;
 
 typedef struct {

@@ -72,7 +72,8 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   p.inverse = ws + layout.inverse;
   p.chunk_states = ws + layout.chunk_states;
   const kern::ElemKind elem = elem_kind(in);
-  if (auto s = launch_inverse_and_forward(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+  if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+  if (auto s = launch_fused_forward(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
 
   bp.d_o = problem.d_o.data;
   bp.d_o_strides = row_strides(problem.d_o);

@@ -125,23 +125,30 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
 
 namespace flashgdn::detail {
 
-Status launch_inverse_and_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                                  cudaStream_t stream) {
+Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                            cudaStream_t stream) {
   using kern::ElemKind;
   using kern::InverseKind;
   const bool bf16 = elem == ElemKind::kBF16, inverse_f32 = inverse == InverseKind::kF32;
-  const auto launch_inverse =
+  const auto launch =
       bf16 ? (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kF32>
                           : kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kBF16>)
            : (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kF32>
                           : kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kBF16>);
-  const auto launch_fused =
+  return cuda_status(launch(p, stream), "chunk_inverse");
+}
+
+Status launch_fused_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                            cudaStream_t stream) {
+  using kern::ElemKind;
+  using kern::InverseKind;
+  const bool bf16 = elem == ElemKind::kBF16, inverse_f32 = inverse == InverseKind::kF32;
+  const auto launch =
       bf16 ? (inverse_f32 ? kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kF32>
                           : kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kBF16>)
            : (inverse_f32 ? kern::launch_fused_forward<ElemKind::kF16, InverseKind::kF32>
                           : kern::launch_fused_forward<ElemKind::kF16, InverseKind::kBF16>);
-  if (auto s = cuda_status(launch_inverse(p, stream), "chunk_inverse"); !s.ok()) return s;
-  return cuda_status(launch_fused(p, stream), "fused_forward");
+  return cuda_status(launch(p, stream), "fused_forward");
 }
 
 }  // namespace flashgdn::detail

@@ -47,8 +47,10 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
 
 namespace flashgdn::detail {
 
-// chunk_inverse then fused_forward for the (elem, inverse storage) variant.
-Status launch_inverse_and_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                                  cudaStream_t stream);
+// The (elem, inverse storage) variant of chunk_inverse / fused_forward.
+Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                            cudaStream_t stream);
+Status launch_fused_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                            cudaStream_t stream);
 
 }  // namespace flashgdn::detail

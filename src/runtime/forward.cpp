@@ -5,15 +5,77 @@
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   [chunk_offsets]    only in varlen mode: first global chunk of each sequence
 //   chunk_inverse      A_r per (chunk, v-head) into the workspace
-//   fused_forward      per (sequence, v-head): o and the final state
+//   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
+//     [segment_offsets], cp_windows, fused_forward (state pass), cp_correction
+//   fused_forward      per (sequence or segment, v-head): o and the final state
 //   [zero_padding]     only in varlen mode: o of tokens past cu_seqlens[N]
 #include "runtime/forward.h"
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
 #include "api/validate.h"
+#include "plan/cp_plan.h"
 #include "runtime/common.h"
 
 namespace flashgdn {
 namespace detail {
+
+namespace {
+
+// Tokens of every sequence when the host knows them (batch mode, or a host copy of cu_seqlens).
+std::optional<std::vector<int64_t>> host_lengths(const Inputs& in) {
+  if (!in.varlen.present()) return std::vector<int64_t>(static_cast<std::size_t>(in.shape.batch), in.shape.seqlen);
+  const int64_t* cu = in.varlen.cu_seqlens_host;
+  if (cu == nullptr) return std::nullopt;
+  std::vector<int64_t> lengths(static_cast<std::size_t>(in.varlen.num_seqs));
+  for (int64_t i = 0; i < in.varlen.num_seqs; ++i) lengths[static_cast<std::size_t>(i)] = cu[i + 1] - cu[i];
+  return lengths;
+}
+
+int32_t num_sms() {
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+int64_t chunks_of(int64_t tokens) { return (tokens + 63) / 64; }
+
+}  // namespace
+
+CpDecision decide_cp(const Inputs& in) {
+  const ContextParallelism& options = in.context_parallelism;
+  if (options.mode == ContextParallel::kOff) return {};
+  const auto lengths = host_lengths(in);
+  int64_t segment_chunks = options.mode == ContextParallel::kOn ? options.segment_chunks : 0;
+  if (segment_chunks == 0) {
+    if (lengths) {
+      const plan::CpPlan plan = plan::plan_cp({*lengths, in.shape.num_v_heads, num_sms()});
+      segment_chunks = plan.enabled ? plan.target_segment_chunks : 0;
+    }
+    if (segment_chunks == 0) {
+      if (options.mode == ContextParallel::kAuto) return {};
+      int64_t longest = lengths ? 0 : chunks_of(in.shape.seqlen);  // forced on: 4 segments of the longest
+      if (lengths)
+        for (int64_t length : *lengths) longest = std::max(longest, chunks_of(length));
+      segment_chunks = std::max<int64_t>(1, (longest + 3) / 4);
+    }
+  }
+  CpDecision cp;
+  cp.segment_chunks = segment_chunks;
+  const int64_t num_seqs = in.num_sequences();
+  if (lengths) {
+    for (int64_t length : *lengths) cp.max_segments += (chunks_of(length) + segment_chunks - 1) / segment_chunks;
+    cp.enabled = cp.max_segments > static_cast<int64_t>(std::count_if(lengths->begin(), lengths->end(),
+                                                                      [](int64_t l) { return l > 0; }));
+  } else {  // sum_n ceil(C_n / L) <= (sum_n C_n) / L + N, sum_n C_n <= T / 64 + N
+    cp.max_segments = (in.shape.seqlen / 64 + num_seqs) / segment_chunks + num_seqs + 1;
+    cp.enabled = true;
+  }
+  if (!cp.enabled) return {};
+  return cp;
+}
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {
   const Inputs& in = problem.in;
@@ -24,6 +86,20 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   layout.inverse = offset;
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
+  layout.cp = decide_cp(in);
+  if (layout.cp.enabled) {
+    const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
+    if (in.varlen.present()) {
+      layout.segment_offsets = offset;
+      offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
+    }
+    layout.window_chunks = offset;
+    offset = align_up(offset + segment_heads * sizeof(int32_t));
+    for (std::size_t* region : {&layout.segment_ends, &layout.segment_transitions, &layout.segment_starts}) {
+      *region = offset;
+      offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
+    }
+  }
   layout.bytes = offset;
   return layout;
 }
@@ -45,7 +121,31 @@ Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, vo
   p.inverse = ws + layout.inverse;
 
   const kern::ElemKind elem = elem_kind(problem.in);
-  if (auto s = launch_inverse_and_forward(p, elem, inverse, stream); !s.ok()) return s;
+  if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
+  if (layout.cp.enabled) {
+    p.segment_chunks = layout.cp.segment_chunks;
+    p.max_segments = layout.cp.max_segments;
+    p.decay_threshold = problem.in.context_parallelism.decay_threshold;
+    p.window_chunks = reinterpret_cast<int32_t*>(ws + layout.window_chunks);
+    p.segment_ends = reinterpret_cast<float*>(ws + layout.segment_ends);
+    p.segment_transitions = reinterpret_cast<float*>(ws + layout.segment_transitions);
+    p.segment_starts = reinterpret_cast<float*>(ws + layout.segment_starts);
+    if (problem.in.varlen.present()) {
+      p.segment_offsets = reinterpret_cast<int32_t*>(ws + layout.segment_offsets);
+      if (auto s = cuda_status(kern::launch_segment_offsets(p, stream), "segment_offsets"); !s.ok()) return s;
+    }
+    const bool bf16 = elem == kern::ElemKind::kBF16;
+    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, stream)
+                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, stream),
+                             "cp_windows");
+        !s.ok())
+      return s;
+    p.cp_pass = kern::kCpStatePass;
+    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+    if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
+    p.cp_pass = kern::kCpMainPass;
+  }
+  if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};

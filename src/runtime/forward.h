@@ -18,9 +18,21 @@ namespace flashgdn::detail {
 inline constexpr kern::InverseKind kDefaultInverse = kern::InverseKind::kBF16;
 
 // Byte offsets of the workspace regions (256-byte aligned) and the total.
+// Whether and how the forward cuts sequences into segments (context_parallelism, cp_plan.h).
+struct CpDecision {
+  bool enabled = false;
+  int64_t segment_chunks = 0;  // L
+  int64_t max_segments = 0;    // exact with host lengths, else a bound
+};
+CpDecision decide_cp(const Inputs& in);
+
 struct ForwardLayout {
   InputLayout inputs;        // chunk offsets, normalised q and k
   std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
+  CpDecision cp;
+  std::size_t segment_offsets = 0;                           // int32 [N + 1], varlen CP
+  std::size_t window_chunks = 0;                             // int32 [segments, Hv]
+  std::size_t segment_ends = 0, segment_transitions = 0, segment_starts = 0;  // fp32 [segments, Hv, 128, 128]
   std::size_t bytes = 0;
 };
 

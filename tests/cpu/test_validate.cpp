@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,24 @@ void fuse_grads(Fixture& f, int64_t dk_shift) {
   view(f.bwd.dq, 0);
   view(f.bwd.dk, kHqk * kD + dk_shift);
   view(f.bwd.dv, 2 * kHqk * kD);
+}
+
+TEST(Validate, ContextParallelismOptions) {
+  {
+    Fixture f;
+    f.fwd.in.context_parallelism = {ContextParallel::kOn, 8, -12.f};
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  }
+  {
+    Fixture f;
+    f.fwd.in.context_parallelism.segment_chunks = -1;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_segment_chunks");
+  }
+  for (float threshold : {0.f, 1.f, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    Fixture f;
+    f.fwd.in.context_parallelism.decay_threshold = threshold;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_decay_threshold");
+  }
 }
 
 TEST(Validate, InterleavedGradientViews) {

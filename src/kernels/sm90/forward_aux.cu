@@ -1,6 +1,7 @@
 // Small forward kernels around the main two:
 //   l2norm_rows     one warp per 128-vector: x / sqrt(sum(x^2) + 1e-6) into a contiguous copy
-//   chunk_offsets   one block: exclusive prefix sum of ceil(len/64) over the sequences (varlen)
+//   item_offsets    one block: exclusive prefix sum over the sequences of their chunks or CP
+//                   segments (varlen)
 //   zero_padding    grid-stride: o rows of tokens past cu_seqlens[N] set to zero (varlen)
 #include <cuda_runtime.h>
 
@@ -34,15 +35,18 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
   store_pair(out + 2, x[2] * inv, x[3] * inv);
 }
 
-__global__ void chunk_offsets_kernel(const ForwardParams p) {
+// offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / chunks_per_item): chunks (1) or CP segments.
+__global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item) {
   __shared__ int32_t carry;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   for (int64_t base = 0; base <= p.num_seqs; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
-    int32_t chunks = 0;  // chunks of sequence i - 1 (exclusive prefix)
-    if (i >= 1 && i <= p.num_seqs)
-      chunks = static_cast<int32_t>((cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1) + kChunk - 1) / kChunk);
+    int32_t chunks = 0;  // items of sequence i - 1 (exclusive prefix)
+    if (i >= 1 && i <= p.num_seqs) {
+      const int64_t seq_chunks = (cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1) + kChunk - 1) / kChunk;
+      chunks = static_cast<int32_t>((seq_chunks + chunks_per_item - 1) / chunks_per_item);
+    }
     // Block-wide inclusive scan of `chunks` (Hillis-Steele through shared memory).
     __shared__ int32_t scan[1024];
     scan[threadIdx.x] = chunks;
@@ -53,7 +57,7 @@ __global__ void chunk_offsets_kernel(const ForwardParams p) {
       scan[threadIdx.x] += add;
       __syncthreads();
     }
-    if (i <= p.num_seqs) p.chunk_offsets[i] = carry + scan[threadIdx.x];
+    if (i <= p.num_seqs) offsets[i] = carry + scan[threadIdx.x];
     __syncthreads();
     if (threadIdx.x == blockDim.x - 1) carry += scan[threadIdx.x];
     __syncthreads();
@@ -95,7 +99,12 @@ template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, in
                                                         int64_t, int64_t, void*, cudaStream_t);
 
 cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream) {
-  chunk_offsets_kernel<<<1, 1024, 0, stream>>>(p);
+  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.chunk_offsets, 1);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream) {
+  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.segment_offsets, p.segment_chunks);
   return cudaGetLastError();
 }
 

@@ -25,13 +25,15 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
 template <ElemKind E, InverseKind I>
 cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   using Kernel = FusedForward<ElemType<E>, InverseType<I>>;
-  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
+  const int64_t items = p.cp_pass == kNoCp ? p.num_seqs : p.max_segments;
+  if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
   auto* kernel = fused_forward_kernel<ElemType<E>, InverseType<I>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads, p.cp_pass == kCpStatePass ? 2 : 1);
+  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -2,9 +2,11 @@
 // fp32 registers, computing W, Vd and O per chunk; W and Vd never leave shared memory.
 //
 // With chunk_states set (the backward's pre-pass), the bf16 state entering every chunk is saved
-// and o may be null.
+// and o may be null. With intra-card CP the CTAs are segments instead of sequences, and a CTA's
+// tokens, entering state and end state come from work_item() (sequence.cuh; passes in
+// cp_kernels.cu).
 //
-// Grid  (N sequences, Hv); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
+// Grid  (N sequences or segments, Hv[, 2 for the CP state pass]); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
 // fp32 accumulate). Every 128x128 product uses the warp tiling rows 32*(warp%4), cols 64*(warp/4),
 // so each thread holds the same 64 elements of S in `state` for the whole sequence.
 //
@@ -52,13 +54,6 @@ struct FusedForward {
 
   using StateTile = float[2][8][4];
 
-  // Offset of state element (row k, col v) of (sequence n, head h) in a states tensor.
-  static __device__ int64_t state_offset(const int64_t (&strides)[4], bool vk, int64_t n, int h,
-                                         int k, int v) {
-    return n * strides[0] + h * strides[1] + (vk ? v * strides[2] + k * strides[3]
-                                                 : k * strides[2] + v * strides[3]);
-  }
-
   static __device__ void store_state_copy(SharedStorage& s, const StateTile& state, int m0, int n0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -72,10 +67,9 @@ struct FusedForward {
 
   // The bf16 copy of the state entering chunk c (complete since the loop's first barrier) into
   // chunk_states, 16-byte vectors.
-  static __device__ void save_entering_state(const ForwardParams& p, const SharedStorage& s, int64_t n, int h,
-                                             int64_t c) {
-    Elem* dst = static_cast<Elem*>(p.chunk_states) +
-                ((first_chunk(p, n) + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+  static __device__ void save_entering_state(const ForwardParams& p, const SharedStorage& s, int64_t chunk_id,
+                                             int h) {
+    Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
     for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
       const int row = e / 16, vec = e % 16;
       *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
@@ -83,12 +77,13 @@ struct FusedForward {
     }
   }
 
-  // K and Q rows of the chunk into kq, V rows into v; rows past the chunk are zero-filled.
+  // K and Q rows of the chunk into kq, V rows into v; rows past the chunk (and V when zero_v)
+  // are zero-filled.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b,
-                                    int64_t t0, int rows, int hk, int h) {
+                                    int64_t t0, int rows, int hk, int h, bool zero_v) {
     for (int e = threadIdx.x; e < 3 * kChunk * 16; e += kThreads) {
       const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
-      const bool valid = row < rows;
+      const bool valid = row < rows && !(tile == 2 && zero_v);
       const int64_t t = valid ? t0 + row : t0;
       const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
                         : tile == 1 ? row_ptr<Elem>(p.q, p.q_strides, b, t, hk)
@@ -174,11 +169,11 @@ struct FusedForward {
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
-    const int64_t n = blockIdx.x;
     const int h = blockIdx.y;
+    const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
+    if (!item.valid) return;
     const int hk = h / (p.num_v_heads / p.num_qk_heads);
-    const SequenceBounds seq = sequence_bounds(p, n);
-    const int64_t b = seq.batch;
+    const int64_t b = item.batch;
     const int warp = threadIdx.x / 32;
     const int m0 = 32 * (warp % 4), n0 = 64 * (warp / 4);
     const bool u_warp = warp % 4 < 2;  // rows 0-63 of [U; QS] (U), else rows 64-127 (QS)
@@ -190,20 +185,19 @@ struct FusedForward {
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          state[i][j][e] = p.initial_state == nullptr
-                               ? 0.f
-                               : p.initial_state[state_offset(p.initial_state_strides, p.state_vk, n, h,
-                                                              acc_row(m0, i, e), acc_col(n0, j, e))];
+          state[i][j][e] = item.initial_identity ? (acc_row(m0, i, e) == acc_col(n0, j, e) ? 1.f : 0.f)
+                           : item.initial.base == nullptr ? 0.f
+                                                          : item.initial.at(acc_row(m0, i, e), acc_col(n0, j, e));
     store_state_copy(s, state, m0, n0);
 
-    const int64_t num_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int64_t t0 = seq.bos + c * kChunk;
-      const int rows = static_cast<int>(seq.eos - t0 < kChunk ? seq.eos - t0 : kChunk);
+      const int64_t t0 = item.bos + c * kChunk;
+      const int rows = static_cast<int>(item.eos - t0 < kChunk ? item.eos - t0 : kChunk);
       __syncthreads();  // the previous chunk is done with every buffer
-      load_chunk(p, s, b, t0, rows, hk, h);
+      load_chunk(p, s, b, t0, rows, hk, h, item.zero_v);
       load_gates(p, s, b, t0, rows, h);
-      if (p.chunk_states != nullptr) save_entering_state(p, s, n, h, c);
+      if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
       cp_async_wait<0>();
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
@@ -265,7 +259,7 @@ struct FusedForward {
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
               const int row = acc_row(m0 - kChunk, i, e), col = acc_col(n0, j, e);
-              if (row < rows && p.o != nullptr) {
+              if (row < rows && item.write_o) {
                 Elem* out = static_cast<Elem*>(p.o) + b * p.o_strides.batch + (t0 + row) * p.o_strides.token +
                             h * p.o_strides.head + col;
                 store_pair(out, p.scale * acc[i][j][e], p.scale * acc[i][j][e + 1]);
@@ -286,15 +280,14 @@ struct FusedForward {
       store_state_copy(s, state, m0, n0);  // GEMM1 of this chunk read the old copy two barriers ago
     }
 
-    if (p.final_state != nullptr) {
+    if (item.final.base != nullptr) {
+      StateBlock final = item.final;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            p.final_state[state_offset(p.final_state_strides, p.state_vk, n, h, acc_row(m0, i, e),
-                                       acc_col(n0, j, e))] = state[i][j][e];
+          for (int e = 0; e < 4; ++e) final.at(acc_row(m0, i, e), acc_col(n0, j, e)) = state[i][j][e];
     }
   }
 };

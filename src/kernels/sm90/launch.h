@@ -19,6 +19,16 @@ cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, i
 // chunk_offsets[i] = sum_{j < i} ceil(len_j / 64) for i in 0..num_seqs (varlen only).
 cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream);
 
+// segment_offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / segment_chunks) (varlen CP only).
+cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream);
+
+// CP: decay window of every (segment, v-head) into window_chunks.
+template <ElemKind E>
+cudaError_t launch_cp_windows(const ForwardParams& p, cudaStream_t stream);
+
+// CP: S_{j+1} = S*_j (+ M_j S_j without a window) per (sequence, v-head) into segment_starts.
+cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
+
 // o rows of tokens past cu_seqlens[num_seqs] set to zero (varlen only).
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream);
 

@@ -48,7 +48,23 @@ struct ForwardParams {
   // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.
   void* chunk_states = nullptr;
+
+  // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments of
+  // segment_chunks chunks (the last segment of a sequence may be shorter), see cp_kernels.cu.
+  int32_t cp_pass = 0;                   // CpPass
+  int64_t segment_chunks = 0;            // L
+  int64_t max_segments = 0;              // launch bound on the number of segments
+  int32_t* segment_offsets = nullptr;    // varlen: first segment of each sequence (num_seqs + 1)
+  int32_t* window_chunks = nullptr;      // [segment][hv]: trailing chunks the state pass runs; 0: the
+                                         // whole segment and its transition M (no decay window)
+  float* segment_ends = nullptr;         // [segment][hv][128][128]: S*_j, state at the segment's end
+  float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
+  float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (j > 0)
+  float decay_threshold = -10.f;         // natural-log units
 };
+
+// Passes of the CP forward; the state pass runs S*_j with blockIdx.z == 0 and M_j with z == 1.
+enum CpPass : int32_t { kNoCp = 0, kCpStatePass = 1, kCpMainPass = 2 };
 
 // The backward reads the forward's inputs and workspace through `fwd` (the inverse in fp32).
 struct BackwardParams {

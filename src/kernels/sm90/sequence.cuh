@@ -61,6 +61,138 @@ __device__ __forceinline__ bool locate_chunk(const ForwardParams& p, int64_t chu
   return true;
 }
 
+// Segments (CP): sequence i owns ceil(ceil(len_i / 64) / L) segments; first_segment(n) is the id
+// of its first. Batch mode needs no table.
+__device__ __forceinline__ int64_t segments_per_batch_entry(const ForwardParams& p) {
+  return ((p.seqlen + kChunk - 1) / kChunk + p.segment_chunks - 1) / p.segment_chunks;
+}
+__device__ __forceinline__ int64_t first_segment(const ForwardParams& p, int64_t n) {
+  return p.cu_seqlens == nullptr ? n * segments_per_batch_entry(p) : p.segment_offsets[n];
+}
+
+// A square fp32 state block [128][128] in memory: element (k, v) at base[k * k_stride + v * v_stride].
+struct StateBlock {
+  float* base = nullptr;  // null: absent (zero when read, not written)
+  int64_t k_stride = 0, v_stride = 0;
+
+  __device__ float at(int k, int v) const { return base[k * k_stride + v * v_stride]; }
+  __device__ float& at(int k, int v) { return base[k * k_stride + v * v_stride]; }
+};
+
+// State (n, h) of a user states tensor (KV or VK layout, any strides).
+__device__ __forceinline__ StateBlock user_state(const float* states, const int64_t (&strides)[4], bool vk,
+                                                 int64_t n, int h) {
+  if (states == nullptr) return {};
+  float* base = const_cast<float*>(states) + n * strides[0] + h * strides[1];
+  return vk ? StateBlock{base, strides[3], strides[2]} : StateBlock{base, strides[2], strides[3]};
+}
+// Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer.
+__device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h) {
+  return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), kHeadDim, 1};
+}
+
+// What one CTA of the fused forward does: which tokens, from which state, into which state.
+struct WorkItem {
+  bool valid = false;
+  int64_t batch = 0;
+  int64_t bos = 0, eos = 0;     // tokens processed
+  int64_t first_chunk_id = 0;   // global chunk id (per-chunk tables) of the chunk starting at bos
+  StateBlock initial;           // null: zero state
+  bool initial_identity = false;
+  StateBlock final;             // null: not written
+  bool zero_v = false;          // V read as zeros (the transition M of a segment)
+  bool write_o = false;
+};
+
+// Segment x (CP): its sequence n, index j among the num_segments of n, and its tokens.
+struct SegmentLocation {
+  bool valid = false;
+  int64_t sequence = 0, index = 0, num_segments = 0;
+  SequenceBounds seq{};
+  int64_t bos = 0, eos = 0;
+
+  __device__ bool last() const { return index == num_segments - 1; }
+};
+
+__device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p, int64_t x) {
+  SegmentLocation at;
+  if (p.cu_seqlens == nullptr) {
+    at.num_segments = segments_per_batch_entry(p);
+    if (at.num_segments == 0 || x >= p.batch * at.num_segments) return at;
+    at.sequence = x / at.num_segments;
+    at.index = x % at.num_segments;
+  } else {
+    if (x >= p.segment_offsets[p.num_seqs]) return at;
+    int64_t lo = 0, hi = p.num_seqs;  // largest n with segment_offsets[n] <= x
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (p.segment_offsets[mid] <= x) lo = mid; else hi = mid;
+    }
+    at.sequence = lo;
+    at.index = x - p.segment_offsets[lo];
+    at.num_segments = p.segment_offsets[lo + 1] - p.segment_offsets[lo];
+  }
+  at.valid = true;
+  at.seq = sequence_bounds(p, at.sequence);
+  const int64_t span = p.segment_chunks * kChunk;
+  at.bos = at.seq.bos + at.index * span;
+  at.eos = at.bos + span < at.seq.eos ? at.bos + span : at.seq.eos;
+  return at;
+}
+
+// Work item of CTA (x, h, z). Without CP, x is a sequence. With CP, x is a segment j of sequence n:
+//   state pass, z = 0: j not last; tokens = the trailing window of the segment (the whole segment
+//                      when it has none), from h0 for an exact first segment, else from zero;
+//                      end state -> segment_ends[x]
+//   state pass, z = 1: only for exact segments with 0 < j < last: the whole segment with V = 0 from
+//                      the identity, i.e. the transition M_j -> segment_transitions[x]
+//   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
+//                      by the correction, so that final_state may alias initial_state); o; the
+//                      final state of the last segment -> final_state[n]
+__device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x, int h, int z) {
+  WorkItem item;
+  if (p.cp_pass == kNoCp) {
+    const SequenceBounds seq = sequence_bounds(p, x);
+    item.valid = true;
+    item.batch = seq.batch;
+    item.bos = seq.bos;
+    item.eos = seq.eos;
+    item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
+    item.initial = user_state(p.initial_state, p.initial_state_strides, p.state_vk, x, h);
+    item.final = user_state(p.final_state, p.final_state_strides, p.state_vk, x, h);
+    item.write_o = p.o != nullptr;
+    return item;
+  }
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return item;
+  const int64_t n = at.sequence;
+  item.batch = at.seq.batch;
+  item.eos = at.eos;
+  if (p.cp_pass == kCpStatePass) {
+    const int32_t window = p.window_chunks[x * p.num_v_heads + h];
+    if (at.last() || (z == 1 && (window != 0 || at.index == 0))) return item;
+    item.valid = true;
+    item.bos = z == 0 && window != 0 ? at.eos - window * kChunk : at.bos;
+    if (z == 0) {
+      if (window == 0 && at.index == 0)
+        item.initial = user_state(p.initial_state, p.initial_state_strides, p.state_vk, n, h);
+      item.final = segment_state(p.segment_ends, p.num_v_heads, x, h);
+    } else {
+      item.initial_identity = true;
+      item.zero_v = true;
+      item.final = segment_state(p.segment_transitions, p.num_v_heads, x, h);
+    }
+  } else {
+    item.valid = true;
+    item.bos = at.bos;
+    item.initial = segment_state(p.segment_starts, p.num_v_heads, x, h);
+    if (at.last()) item.final = user_state(p.final_state, p.final_state_strides, p.state_vk, n, h);
+    item.write_o = p.o != nullptr;
+  }
+  item.first_chunk_id = first_chunk(p, n) + (item.bos - at.seq.bos) / kChunk;
+  return item;
+}
+
 template <typename T>
 __device__ __forceinline__ const T* row_ptr(const void* base, const RowStrides& s, int64_t b,
                                             int64_t t, int64_t h) {

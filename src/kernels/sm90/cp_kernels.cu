@@ -1,0 +1,155 @@
+// Intra-card context parallelism (auto-CP) of the forward: the kernels around the two passes of
+// the fused forward over segments (DESIGN §1; float64 reference: src/reference/cp.cpp).
+//
+// A sequence of C chunks is cut into ceil(C / L) segments of L chunks (the last may be shorter).
+// Launch sequence (runtime/forward.cpp):
+//   [segment_offsets]  varlen: first segment of each sequence
+//   cp_windows         grid (segments, Hv), 64 threads (one per token of a chunk): walking the
+//                      chunks of segment j backwards from its end, the summed log of a bound on each
+//                      token's map norm, g_t + log max(1, |1 - beta_t |k_t|^2|) (the map
+//                      e^{g}(I - beta k k^T) has norm e^{g} max(1, |1 - beta |k|^2|)), until it is
+//                      <= decay_threshold: window_chunks = that many chunks; 0 when the segment never
+//                      gets there (then the exact transition M_j is formed). Any keys, normalised or
+//                      not, get a valid bound.
+//   fused_forward      state pass: S*_j of every segment but the last from zero over its window
+//                      (from h0 over the whole first segment when it has no window), and M_j
+//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, serial over the boundaries
+//                      of one sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
+//                      and, for j >= 1,
+//                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
+//                      [128,32] = [128,128] @ [128,32] in fp32 from shared memory -> segment_starts
+//   fused_forward      main pass: every segment from S_j: o and the final state
+// With a window, S*_j differs from the true end state by the dropped part of the entering state,
+// scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
+#include <cuda_runtime.h>
+
+#include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern {
+namespace {
+
+template <typename Elem>
+__global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p) {
+  const int64_t x = blockIdx.x;
+  const int h = blockIdx.y;
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return;
+  int32_t* window = &p.window_chunks[x * p.num_v_heads + h];
+  const int hk = h / (p.num_v_heads / p.num_qk_heads);
+  const int64_t b = at.seq.batch;
+  const int64_t chunks = (at.eos - at.bos + kChunk - 1) / kChunk;
+  __shared__ float warp_sums[2];
+  float total = 0.f;  // block-uniform
+  for (int64_t c = chunks - 1; c >= 0 && !at.last(); --c) {
+    const int64_t t = at.bos + c * kChunk + threadIdx.x;
+    float term = 0.f;
+    if (t < at.eos) {
+      const int64_t gate_at = b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head;
+      const int64_t beta_at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+      const float beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[beta_at])
+                                        : static_cast<const float*>(p.beta)[beta_at];
+      const Elem* k = row_ptr<Elem>(p.k, p.k_strides, b, t, hk);
+      float norm2 = 0.f;
+      for (int vec = 0; vec < kHeadDim / 8; ++vec) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(k + 8 * vec);
+        const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) norm2 += to_float(e[i]) * to_float(e[i]);
+      }
+      term = p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) term += __shfl_xor_sync(0xffffffffu, term, offset);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = term;
+    __syncthreads();
+    total += warp_sums[0] + warp_sums[1];
+    __syncthreads();
+    if (total <= p.decay_threshold) {
+      if (threadIdx.x == 0) *window = static_cast<int32_t>(chunks - c);
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *window = 0;
+}
+
+constexpr int kSliceCols = 32;  // state columns per correction CTA
+constexpr int kPitchM = kHeadDim + 1;
+
+struct CorrectionStorage {
+  float m[kHeadDim * kPitchM];
+  float s[kHeadDim * kSliceCols];
+};
+
+__global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = kSliceCols * blockIdx.z;
+  const int64_t first = first_segment(p, n);
+  const int64_t count = p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first;
+  // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
+  const StateBlock h0 = user_state(p.initial_state, p.initial_state_strides, p.state_vk, n, h);
+  StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
+                                     : user_state(p.final_state, p.final_state_strides, p.state_vk, n, h);
+  if (first_start.base != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      first_start.at(k, col0 + c0 + i) = h0.base == nullptr ? 0.f : h0.at(k, col0 + c0 + i);
+  }
+  for (int64_t j = 1; j < count; ++j) {
+    const int64_t prev = first + j - 1;
+    const bool apply_m = j - 1 > 0 && p.window_chunks[prev * p.num_v_heads + h] == 0;
+    const StateBlock end = segment_state(p.segment_ends, p.num_v_heads, prev, h);
+    float next[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) next[i] = end.at(k, col0 + c0 + i);
+    if (apply_m) {  // block-uniform
+      const StateBlock m = segment_state(p.segment_transitions, p.num_v_heads, prev, h);
+      for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x)
+        smem.m[(e / kHeadDim) * kPitchM + e % kHeadDim] = m.at(e / kHeadDim, e % kHeadDim);
+      __syncthreads();
+      for (int r = 0; r < kHeadDim; ++r) {
+        const float mk = smem.m[k * kPitchM + r];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
+      }
+    }
+    __syncthreads();  // every thread is done reading s (and m)
+    StateBlock start = segment_state(p.segment_starts, p.num_v_heads, first + j, h);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      smem.s[k * kSliceCols + c0 + i] = next[i];
+      start.at(k, col0 + c0 + i) = next[i];
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+template <ElemKind E>
+cudaError_t launch_cp_windows(const ForwardParams& p, cudaStream_t stream) {
+  if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
+  cp_windows_kernel<ElemType<E>><<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), 64, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, cudaStream_t);
+template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, cudaStream_t);
+
+cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(cp_correction_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  cp_correction_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, kHeadDim / kSliceCols), 256, smem,
+                         stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashgdn::kern
