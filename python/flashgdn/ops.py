@@ -179,7 +179,8 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                beta: torch.Tensor, do: torch.Tensor, dht: Optional[torch.Tensor],
                                initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                                scale: float, use_qk_l2norm_in_kernel: bool, state_v_first: bool,
-                               cu_seqlens_cpu: Optional[torch.Tensor] = None
+                               cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
+                               cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor]:
     """Low-level backward: (dq, dk, dv, dg, dbeta, dh0) from the forward's inputs, the gradient of o
@@ -189,7 +190,8 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
     backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
-                  initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu)
+                  initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
+                  context_parallel, cp_segment_chunks, cp_decay_threshold)
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -205,18 +207,20 @@ def _grad_outputs(q, k, v, g, beta, initial_state):
 
 @chunk_gated_delta_rule_bwd.register_fake
 def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-      cu_seqlens_cpu=None):
+      cu_seqlens_cpu=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0):
     return _grad_outputs(q, k, v, g, beta, initial_state)
 
 
 def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial_state, cu_seqlens,
                   scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
-                  cu_seqlens_cpu: Optional[torch.Tensor] = None) -> None:
-    """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is)."""
+                  cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
+                  cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0) -> None:
+    """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
+    context_parallel etc. as for forward_into (the backward's own intra-card CP)."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-                   cu_seqlens_cpu)
+                   cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
     c_grads = _lib.BackwardTensors()
     for name, t in (("d_o", do), ("d_final_state", dht), ("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg),
                     ("dbeta", dbeta), ("d_initial_state", dh0)):
@@ -246,11 +250,12 @@ _FWD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "scale",
 def _setup_context(ctx, inputs, output):
     args = dict(zip(_FWD_ARGS, inputs))
     ctx.save_for_backward(args["q"], args["k"], args["v"], args["g"], args["beta"], args["initial_state"],
-                          args["cu_seqlens"], args["cu_seqlens_cpu"])
+                          args["cu_seqlens"], args.get("cu_seqlens_cpu"))
     ctx.scale = args["scale"]
     ctx.use_qk_l2norm_in_kernel = args["use_qk_l2norm_in_kernel"]
     ctx.state_v_first = args["state_v_first"]
     ctx.output_final_state = args["output_final_state"]
+    ctx.cp = (args.get("context_parallel", 0), args.get("cp_segment_chunks", 0), args.get("cp_decay_threshold", -10.0))
 
 
 def _backward(ctx, grad_o, grad_final):
@@ -260,7 +265,7 @@ def _backward(ctx, grad_o, grad_final):
     dht = grad_final if ctx.output_final_state and grad_final is not None and grad_final.numel() > 0 else None
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), initial_state, cu_seqlens, ctx.scale,
-        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu)
+        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp)
     needs = ctx.needs_input_grad
     grads = [dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
              dg if needs[3] else None, dbeta if needs[4] else None,

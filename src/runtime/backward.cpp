@@ -6,8 +6,11 @@
 //   [chunk_offsets]    only in varlen mode
 //   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it)
 //   fused_forward      o not written; the bf16 state entering every chunk into chunk_states
-//   fused_backward     per (sequence, v-head), chunks last to first: dv, dg, dbeta, dh0, and dq, dk
-//                      of every v-head in fp32
+//                      (with CP: [segment_offsets], leading windows, then the CP forward passes)
+//   [fused_backward<dS only>, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
+//                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
+//   fused_backward     per (sequence or segment, v-head), chunks last to first: dv, dg, dbeta, dh0,
+//                      and dq, dk of every v-head in fp32
 //   qk_grads           dq, dk: group sums over v-heads, L2-norm backward, cast
 //   [zero_grad_padding]  only in varlen mode: dv, dg, dbeta of tokens past cu_seqlens[N]
 //
@@ -16,6 +19,7 @@
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/common.h"
+#include "runtime/forward.h"
 
 namespace flashgdn {
 namespace detail {
@@ -24,6 +28,10 @@ namespace {
 struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
+  CpDecision cp;
+  CpRegions cp_regions;                  // the pre-pass's CP forward
+  std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
+  std::size_t segment_grad_starts = 0, segment_grad_ends = 0;  // fp32 [segments, Hv, 128, 128]
   std::size_t bytes = 0;
 };
 
@@ -42,6 +50,17 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + tokens_heads * 128 * sizeof(float));
   layout.dk_heads = offset;
   offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+  layout.cp = decide_cp(in);
+  if (layout.cp.enabled) {
+    offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
+    const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
+    layout.grad_window_chunks = offset;
+    offset = align_up(offset + segment_heads * sizeof(int32_t));
+    for (std::size_t* region : {&layout.segment_grad_starts, &layout.segment_grad_ends}) {
+      *region = offset;
+      offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
+    }
+  }
   layout.bytes = offset;
   return layout;
 }
@@ -70,10 +89,21 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   kern::ForwardParams& p = bp.fwd;
   if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p); !s.ok()) return s;
   p.inverse = ws + layout.inverse;
-  p.chunk_states = ws + layout.chunk_states;
   const kern::ElemKind elem = elem_kind(in);
+  const bool bf16 = elem == kern::ElemKind::kBF16;
   if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
-  if (auto s = launch_fused_forward(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+  if (layout.cp.enabled) {  // leading windows first: the pre-pass forms M_j where they are missing
+    if (auto s = bind_cp(p, in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
+    p.grad_window_chunks = reinterpret_cast<int32_t*>(ws + layout.grad_window_chunks);
+    p.transition_for_last = problem.d_final_state.present();
+    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.grad_window_chunks, true, stream)
+                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.grad_window_chunks, true, stream),
+                             "cp_windows (backward)");
+        !s.ok())
+      return s;
+  }
+  if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kF32, ws + layout.chunk_states, stream); !s.ok())
+    return s;
 
   bp.d_o = problem.d_o.data;
   bp.d_o_strides = row_strides(problem.d_o);
@@ -101,7 +131,18 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   bp.q_raw_strides = row_strides(in.q);
   bp.k_raw_strides = row_strides(in.k);
 
-  const bool bf16 = elem == kern::ElemKind::kBF16;
+  if (layout.cp.enabled) {  // dS* of every segment but the first, then the reverse correction
+    bp.segment_grad_starts = reinterpret_cast<float*>(ws + layout.segment_grad_starts);
+    bp.segment_grad_ends = reinterpret_cast<float*>(ws + layout.segment_grad_ends);
+    p.cp_pass = kern::kCpStatePass;
+    if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
+                                  : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
+                             "fused_backward (dS* pass)");
+        !s.ok())
+      return s;
+    if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, stream), "cp_grad_correction"); !s.ok()) return s;
+    p.cp_pass = kern::kCpMainPass;
+  }
   if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
                                 : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
                            "fused_backward");

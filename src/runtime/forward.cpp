@@ -77,6 +77,55 @@ CpDecision decide_cp(const Inputs& in) {
   return cp;
 }
 
+std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t offset, CpRegions& regions) {
+  const auto segment_heads = static_cast<std::size_t>(cp.max_segments) * in.shape.num_v_heads;
+  if (in.varlen.present()) {
+    regions.segment_offsets = offset;
+    offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
+  }
+  regions.window_chunks = offset;
+  offset = align_up(offset + segment_heads * sizeof(int32_t));
+  for (std::size_t* region : {&regions.segment_ends, &regions.segment_transitions, &regions.segment_starts}) {
+    *region = offset;
+    offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
+  }
+  return offset;
+}
+
+Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
+               unsigned char* ws, cudaStream_t stream) {
+  p.segment_chunks = cp.segment_chunks;
+  p.max_segments = cp.max_segments;
+  p.decay_threshold = in.context_parallelism.decay_threshold;
+  p.window_chunks = reinterpret_cast<int32_t*>(ws + regions.window_chunks);
+  p.segment_ends = reinterpret_cast<float*>(ws + regions.segment_ends);
+  p.segment_transitions = reinterpret_cast<float*>(ws + regions.segment_transitions);
+  p.segment_starts = reinterpret_cast<float*>(ws + regions.segment_starts);
+  p.cp_pass = kern::kCpMainPass;
+  if (!in.varlen.present()) return {};
+  p.segment_offsets = reinterpret_cast<int32_t*>(ws + regions.segment_offsets);
+  return cuda_status(kern::launch_segment_offsets(p, stream), "segment_offsets");
+}
+
+Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                             void* chunk_states, cudaStream_t stream) {
+  if (p.cp_pass != kern::kNoCp) {
+    const bool bf16 = elem == kern::ElemKind::kBF16;
+    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
+                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.window_chunks, false, stream),
+                             "cp_windows");
+        !s.ok())
+      return s;
+    p.cp_pass = kern::kCpStatePass;
+    p.chunk_states = nullptr;
+    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+    if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
+    p.cp_pass = kern::kCpMainPass;
+  }
+  p.chunk_states = chunk_states;
+  return launch_fused_forward(p, elem, inverse, stream);
+}
+
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
@@ -87,19 +136,7 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
   layout.cp = decide_cp(in);
-  if (layout.cp.enabled) {
-    const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
-    if (in.varlen.present()) {
-      layout.segment_offsets = offset;
-      offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
-    }
-    layout.window_chunks = offset;
-    offset = align_up(offset + segment_heads * sizeof(int32_t));
-    for (std::size_t* region : {&layout.segment_ends, &layout.segment_transitions, &layout.segment_starts}) {
-      *region = offset;
-      offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
-    }
-  }
+  if (layout.cp.enabled) offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
   layout.bytes = offset;
   return layout;
 }
@@ -123,29 +160,9 @@ Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, vo
   const kern::ElemKind elem = elem_kind(problem.in);
   if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
   if (layout.cp.enabled) {
-    p.segment_chunks = layout.cp.segment_chunks;
-    p.max_segments = layout.cp.max_segments;
-    p.decay_threshold = problem.in.context_parallelism.decay_threshold;
-    p.window_chunks = reinterpret_cast<int32_t*>(ws + layout.window_chunks);
-    p.segment_ends = reinterpret_cast<float*>(ws + layout.segment_ends);
-    p.segment_transitions = reinterpret_cast<float*>(ws + layout.segment_transitions);
-    p.segment_starts = reinterpret_cast<float*>(ws + layout.segment_starts);
-    if (problem.in.varlen.present()) {
-      p.segment_offsets = reinterpret_cast<int32_t*>(ws + layout.segment_offsets);
-      if (auto s = cuda_status(kern::launch_segment_offsets(p, stream), "segment_offsets"); !s.ok()) return s;
-    }
-    const bool bf16 = elem == kern::ElemKind::kBF16;
-    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, stream)
-                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, stream),
-                             "cp_windows");
-        !s.ok())
-      return s;
-    p.cp_pass = kern::kCpStatePass;
-    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
-    if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
-    p.cp_pass = kern::kCpMainPass;
+    if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
   }
-  if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream); !s.ok()) return s;
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};

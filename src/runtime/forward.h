@@ -26,13 +26,28 @@ struct CpDecision {
 };
 CpDecision decide_cp(const Inputs& in);
 
+// Workspace regions of the CP forward (offsets from the workspace start).
+struct CpRegions {
+  std::size_t segment_offsets = 0;  // int32 [N + 1], varlen only
+  std::size_t window_chunks = 0;    // int32 [segments, Hv]
+  std::size_t segment_ends = 0, segment_transitions = 0, segment_starts = 0;  // fp32 [segments, Hv, 128, 128]
+};
+// Appends the regions at `offset` (aligned); returns the new end.
+std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t offset, CpRegions& regions);
+// Points p's CP fields at the regions and launches segment_offsets (varlen).
+Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
+               unsigned char* workspace, cudaStream_t stream);
+// The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
+// windows, the state pass, the correction and the main pass. chunk_states (the backward's pre-pass)
+// is written by the pass that runs whole sequences or segments from their true entering states.
+Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                             void* chunk_states, cudaStream_t stream);
+
 struct ForwardLayout {
   InputLayout inputs;        // chunk offsets, normalised q and k
   std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
   CpDecision cp;
-  std::size_t segment_offsets = 0;                           // int32 [N + 1], varlen CP
-  std::size_t window_chunks = 0;                             // int32 [segments, Hv]
-  std::size_t segment_ends = 0, segment_transitions = 0, segment_starts = 0;  // fp32 [segments, Hv, 128, 128]
+  CpRegions cp_regions;
   std::size_t bytes = 0;
 };
 

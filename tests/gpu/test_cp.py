@@ -141,3 +141,56 @@ def test_cuda_graph(seed):
     graph.replay()
     torch.cuda.synchronize()
     check(fresh, o, final)
+
+
+# ── Backward CP ─────────────────────────────────────────────────────────────────────────────────
+
+from test_backward import GRADS, check as check_grads, poisoned_grads, upstream  # noqa: E402
+from flashgdn.ops import backward_into  # noqa: E402
+
+
+def run_backward(x, do, dht, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None, threshold=-10.0):
+    grads = poisoned_grads(x)
+    backward_into(*(grads[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, dht,
+                  x["initial_state"], cu_seqlens, x["q"].shape[-1] ** -0.5, False, False, cu_seqlens_cpu, mode,
+                  segment_chunks, threshold)
+    return grads
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("with_dht", [True, False])
+def test_backward_regimes_forced_on(seed, regime, with_dht):
+    """Backward CP over 17 segments: leading windows, the dS* pass, the reverse correction with
+    M^T where a head has no window (g == 0 heads; with dht also through the last segment)."""
+    x = make_inputs(1, 4133, 2, 4, regime=regime)
+    do, dht = upstream(x, with_dht)
+    grads = run_backward(x, do, dht, ON, segment_chunks=4)
+    check_grads(x, grads, do, dht)
+    ref = run_backward(x, do, dht, OFF)
+    diffs = {n: rel_l2(grads[n], ref[n]) for n in GRADS}
+    print("CP vs no CP:", " ".join(f"{n}={e:.2e}" for n, e in diffs.items()))
+
+
+@pytest.mark.parametrize("host_copy", [False, True])
+def test_backward_varlen(seed, host_copy):
+    lengths = [0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257]
+    T = sum(lengths) + 37
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    do, dht = upstream(x)
+    grads = run_backward(x, do, dht, ON, segment_chunks=3, cu_seqlens=cu,
+                         cu_seqlens_cpu=cu.cpu() if host_copy else None)
+    check_grads(x, grads, do, dht, cu_seqlens=cu)
+    for name in ("dq", "dk", "dv", "dg", "dbeta"):
+        assert (grads[name][:, int(cu[-1]):] == 0).all(), f"{name}: padding tokens must get zero gradients"
+
+
+def test_backward_batch_gva_and_autograd(seed):
+    x = make_inputs(2, 1500, 2, 8, regime="model")
+    do, dht = upstream(x)
+    grads = run_backward(x, do, dht, ON, segment_chunks=5)
+    check_grads(x, grads, do, dht)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    o, final = flashgdn.chunk_gated_delta_rule(**leaves, output_final_state=True, auto_cp=True, cp_segment_chunks=5)
+    ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
+    check_grads(x, {g: leaves[n].grad for g, n in zip(GRADS, ("q", "k", "v", "g", "beta", "initial_state"))}, do, dht)

@@ -10,14 +10,16 @@ namespace flashgdn::kern {
 
 template <ElemKind E>
 cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) {
-  using Kernel = FusedBackward<ElemType<E>>;
-  if (p.fwd.num_seqs == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_backward_kernel<ElemType<E>>;
+  const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
+  if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
+  const bool state_grad_only = p.fwd.cp_pass == kCpStatePass;
+  using Full = FusedBackward<ElemType<E>, false>;
+  constexpr int smem = sizeof(typename Full::SharedStorage);
+  auto* kernel = state_grad_only ? fused_backward_kernel<ElemType<E>, true> : fused_backward_kernel<ElemType<E>, false>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(p.fwd.num_seqs), p.fwd.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Full::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -31,18 +31,19 @@ namespace flashgdn::kern {
 namespace {
 
 template <typename Elem>
-__global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p, int32_t* windows, bool leading) {
   const int64_t x = blockIdx.x;
   const int h = blockIdx.y;
   const SegmentLocation at = locate_segment(p, x);
   if (!at.valid) return;
-  int32_t* window = &p.window_chunks[x * p.num_v_heads + h];
+  int32_t* window = &windows[x * p.num_v_heads + h];
   const int hk = h / (p.num_v_heads / p.num_qk_heads);
   const int64_t b = at.seq.batch;
   const int64_t chunks = (at.eos - at.bos + kChunk - 1) / kChunk;
   __shared__ float warp_sums[2];
   float total = 0.f;  // block-uniform
-  for (int64_t c = chunks - 1; c >= 0 && !at.last(); --c) {
+  for (int64_t step = 0; step < chunks; ++step) {
+    const int64_t c = leading ? step : chunks - 1 - step;
     const int64_t t = at.bos + c * kChunk + threadIdx.x;
     float term = 0.f;
     if (t < at.eos) {
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p) {
     total += warp_sums[0] + warp_sums[1];
     __syncthreads();
     if (total <= p.decay_threshold) {
-      if (threadIdx.x == 0) *window = static_cast<int32_t>(chunks - c);
+      if (threadIdx.x == 0) *window = static_cast<int32_t>(step + 1);
       return;
     }
   }
@@ -83,6 +84,7 @@ struct CorrectionStorage {
 };
 
 __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams p) {
+  // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const int64_t n = blockIdx.x;
@@ -130,16 +132,73 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
   }
 }
 
+// (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
+// gradient leaving segment j - 1: segment_grad_ends[j - 1]. Same thread layout as the forward.
+__global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardParams bp) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  const ForwardParams& p = bp.fwd;
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = kSliceCols * blockIdx.z;
+  const int64_t first = first_segment(p, n);
+  const int64_t count = p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first;
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.at(k, col0 + c0 + i);
+  __syncthreads();
+  for (int64_t j = count - 1; j >= 1; --j) {
+    const int64_t x = first + j;
+    const bool apply_m = p.grad_window_chunks[x * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
+    const StateBlock star = segment_state(bp.segment_grad_starts, p.num_v_heads, x, h);
+    float next[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) next[i] = star.at(k, col0 + c0 + i);
+    if (apply_m) {  // block-uniform; smem.m[a][b] = M[b][a]
+      const StateBlock m = segment_state(p.segment_transitions, p.num_v_heads, x, h);
+      for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x)
+        smem.m[(e % kHeadDim) * kPitchM + e / kHeadDim] = m.at(e / kHeadDim, e % kHeadDim);
+      __syncthreads();
+      for (int r = 0; r < kHeadDim; ++r) {
+        const float mk = smem.m[k * kPitchM + r];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
+      }
+    }
+    __syncthreads();
+    StateBlock end = segment_state(bp.segment_grad_ends, p.num_v_heads, x - 1, h);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      smem.s[k * kSliceCols + c0 + i] = next[i];
+      end.at(k, col0 + c0 + i) = next[i];
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
-template <ElemKind E>
-cudaError_t launch_cp_windows(const ForwardParams& p, cudaStream_t stream) {
-  if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
-  cp_windows_kernel<ElemType<E>><<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), 64, 0, stream>>>(p);
+cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
+  if (bp.fwd.num_seqs == 0 || bp.fwd.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(cp_grad_correction_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  cp_grad_correction_kernel<<<dim3(static_cast<unsigned>(bp.fwd.num_seqs), bp.fwd.num_v_heads, kHeadDim / kSliceCols),
+                              256, smem, stream>>>(bp);
   return cudaGetLastError();
 }
-template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, cudaStream_t);
-template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, cudaStream_t);
+
+template <ElemKind E>
+cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream) {
+  if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
+  cp_windows_kernel<ElemType<E>>
+      <<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), 64, 0, stream>>>(p, windows, leading);
+  return cudaGetLastError();
+}
+template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
+template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;

@@ -47,7 +47,7 @@
 //            dS [128,128] = e^gamma dS + [K; Q]^T @ [dU; s Gamma dO]
 //   then     dgamma = e^gamma <dS, S> + sum(a) added to dg_s of the last row; dg = reverse cumsum
 //            of dg_s over the chunk -> dg, dbeta (HBM)
-// After the first chunk, dS is d_initial_state.
+// After the first chunk, dS is d_initial_state. With CP the CTAs are segments (backward_item below).
 #pragma once
 
 #include "kernels/sm90/params.h"
@@ -56,7 +56,58 @@
 
 namespace flashgdn::kern {
 
-template <typename Elem>
+// What one CTA of the fused backward does. Without CP, x is a sequence: all its chunks from dht to
+// dh0. With CP, x is a segment j of sequence n:
+//   dS* pass (kStateGradOnly, fwd.cp_pass == kCpStatePass), j >= 1: the segment's leading decay
+//     window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
+//   main pass: the segment from dS_{j+1} (dht for the last segment, else segment_grad_ends[x]);
+//     every gradient of its tokens; dh0 from the first segment
+struct BackwardItem {
+  bool valid = false;
+  int64_t batch = 0, bos = 0, eos = 0;
+  int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
+  StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
+  StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
+};
+
+__device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
+  const ForwardParams& p = bp.fwd;
+  BackwardItem item;
+  if (p.cp_pass == kNoCp) {
+    const SequenceBounds seq = sequence_bounds(p, x);
+    item.valid = true;
+    item.batch = seq.batch;
+    item.bos = seq.bos;
+    item.eos = seq.eos;
+    item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
+    item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
+    item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
+    return item;
+  }
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return item;
+  item.batch = at.seq.batch;
+  item.bos = at.bos;
+  if (p.cp_pass == kCpStatePass) {
+    if (at.index == 0) return item;
+    const int32_t window = p.grad_window_chunks[x * p.num_v_heads + h];
+    const int64_t window_end = at.bos + static_cast<int64_t>(window) * kChunk;
+    item.eos = window != 0 && window_end < at.eos ? window_end : at.eos;
+    item.ds_start = segment_state(bp.segment_grad_starts, p.num_v_heads, x, h);
+  } else {
+    item.eos = at.eos;
+    item.ds_end = at.last() ? user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, at.sequence, h)
+                            : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
+    if (at.index == 0)
+      item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
+  }
+  item.valid = true;
+  item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;
+  return item;
+}
+
+// kStateGradOnly: only the dS recurrence (no S, V, or token gradients), for the dS* pass of CP.
+template <typename Elem, bool kStateGradOnly>
 struct FusedBackward {
   static constexpr int kThreads = 256;
   static constexpr int kPitch = kHeadDim + 8;
@@ -129,16 +180,13 @@ struct FusedBackward {
       }
   }
 
-  static __device__ int64_t state_offset(const int64_t (&strides)[4], bool vk, int64_t n, int h, int k, int v) {
-    return n * strides[0] + h * strides[1] + (vk ? v * strides[2] + k * strides[3] : k * strides[2] + v * strides[3]);
-  }
-
   // K, Q, V, dO rows of the chunk (zero past the valid rows) and the entering state S.
   static __device__ void load_chunk(const BackwardParams& bp, SharedStorage& s, int64_t b, int64_t t0, int rows,
                                     int hk, int h, int64_t chunk_id) {
     const ForwardParams& p = bp.fwd;
     for (int e = threadIdx.x; e < 4 * kChunk * 16; e += kThreads) {
       const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
+      if (kStateGradOnly && tile == 2) continue;  // V only feeds W
       const bool valid = row < rows;
       const int64_t t = valid ? t0 + row : t0;
       const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
@@ -151,7 +199,7 @@ struct FusedBackward {
       cp_async_16(dst + vec * 8, src + vec * 8, valid);
     }
     const Elem* saved = static_cast<const Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
-    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
+    for (int e = threadIdx.x; e < (kStateGradOnly ? 0 : kHeadDim * 16); e += kThreads) {
       const int row = e / 16, vec = e % 16;
       cp_async_16(&s.state[row * kPitch + vec * 8], saved + row * kHeadDim + vec * 8, true);
     }
@@ -200,11 +248,11 @@ struct FusedBackward {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
     const ForwardParams& p = bp.fwd;
-    const int64_t n = blockIdx.x;
     const int h = blockIdx.y;
+    const BackwardItem item = backward_item(bp, blockIdx.x, h);
+    if (!item.valid) return;
     const int hk = h / (p.num_v_heads / p.num_qk_heads);
-    const SequenceBounds seq = sequence_bounds(p, n);
-    const int64_t b = seq.batch;
+    const int64_t b = item.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float scale = p.scale;
     // Warp tiles of the three tilings.
@@ -218,18 +266,15 @@ struct FusedBackward {
 
     float dstate[2][8][4];
     for_each(dstate, sm, sn, [&](int row, int col, float& x) {
-      x = bp.d_final_state == nullptr
-              ? 0.f
-              : bp.d_final_state[state_offset(bp.d_final_state_strides, p.state_vk, n, h, row, col)];
+      x = item.ds_end.base == nullptr ? 0.f : item.ds_end.at(row, col);
     });
 
-    const int64_t num_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
-    const int64_t chunk0 = num_chunks > 0 ? first_chunk(p, n) : 0;
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     for (int64_t c = num_chunks - 1; c >= 0; --c) {
-      const int64_t t0 = seq.bos + c * kChunk;
-      const int rows = static_cast<int>(seq.eos - t0 < kChunk ? seq.eos - t0 : kChunk);
+      const int64_t t0 = item.bos + c * kChunk;
+      const int rows = static_cast<int>(item.eos - t0 < kChunk ? item.eos - t0 : kChunk);
       __syncthreads();  // the previous chunk is done with every buffer
-      load_chunk(bp, s, b, t0, rows, hk, h, chunk0 + c);
+      load_chunk(bp, s, b, t0, rows, hk, h, item.first_chunk_id + c);
       if (warp == 0) load_gates(p, s, b, t0, rows, h);
       for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) s.dgs_part[e / kChunk][e % kChunk] = 0.f;
 #pragma unroll
@@ -245,7 +290,7 @@ struct FusedBackward {
       const float gamma = s.gcum[kChunk - 1];
 
       // ── Phase 1 ──────────────────────────────────────────────────────────────────────────────
-      {  // W = V - Gamma (K @ S)
+      if constexpr (!kStateGradOnly) {  // W = V - Gamma (K @ S)
         float acc[2][4][4];
         zero(acc);
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, k_tile, kPitch, s.state, kPitch, wm, wn, kHeadDim);
@@ -286,7 +331,7 @@ struct FusedBackward {
             store_pair(&s.ar[row * kPitchC + col], ar[0], ar[1]);
           }
       }
-      {  // <dS, S> over this thread's dS elements
+      if constexpr (!kStateGradOnly) {  // <dS, S> over this thread's dS elements
         float dot = 0.f;
         for_each(dstate, sm, sn, [&](int row, int col, float& x) { dot += x * to_float(s.state[row * kPitch + col]); });
 #pragma unroll
@@ -298,15 +343,17 @@ struct FusedBackward {
       // ── Phase 2 ──────────────────────────────────────────────────────────────────────────────
       {
         float acc[2][4][4];
-        zero(acc);  // Vd = Ag @ W
-        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, s.w, kPitch, wm, wn, kChunk);
+        if constexpr (!kStateGradOnly) {
+          zero(acc);  // Vd = Ag @ W
+          warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, s.w, kPitch, wm, wn, kChunk);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; e += 2)
-              store_pair(&s.vd[acc_row(wm, i, e) * kPitch + acc_col(wn, j, e)], acc[i][j][e], acc[i][j][e + 1]);
+              for (int e = 0; e < 4; e += 2)
+                store_pair(&s.vd[acc_row(wm, i, e) * kPitch + acc_col(wn, j, e)], acc[i][j][e], acc[i][j][e + 1]);
+        }
         zero(acc);  // dVd = rho (.) (K @ dS) + Pg^T @ dO
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, k_tile, kPitch, s.dstate, kPitch, wm, wn, kHeadDim);
 #pragma unroll
@@ -333,7 +380,7 @@ struct FusedBackward {
 
       // ── Phase 3 ──────────────────────────────────────────────────────────────────────────────
       float* dgs = s.dgs_part[warp];
-      {
+      if constexpr (!kStateGradOnly) {
         float qk[1][4][4];  // P = Q @ K^T again (cheaper than keeping it live through phase 2)
         zero(qk);
         warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, q_tile, kPitch, k_tile, kPitch, cm, cn, kHeadDim);
@@ -403,7 +450,7 @@ struct FusedBackward {
             for (int j = 0; j < 4; ++j) {
               const int col = acc_col(wn, j, 0);
               const float x0 = acc[i][j][2 * half], x1 = acc[i][j][2 * half + 1];
-              if (row < rows)
+              if (!kStateGradOnly && row < rows)
                 store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
                                h * bp.dv_strides.head + col,
                            x0, x1);
@@ -411,57 +458,58 @@ struct FusedBackward {
             }
           }
       }
-      float dq_acc[2][4][4];  // dQ_a = s Gamma (dO @ S^T)
-      zero(dq_acc);
-      warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dq_acc, d_o, kPitch, s.state, kPitch, wm, wn, kHeadDim);
-      float dk_acc[2][4][4];  // dK_a = rho (.) (Vd @ dS^T)
-      zero(dk_acc);
-      warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, s.vd, kPitch, s.dstate, kPitch, wm, wn, kHeadDim);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = acc_row(wm, i, 2 * half);
-          const float qf = scale * exp2_approx(s.gcum[row]), rho = exp2_approx(gamma - s.gcum[row]);
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int d = 0; d < 2; ++d) {
-              dq_acc[i][j][2 * half + d] *= qf;
-              dk_acc[i][j][2 * half + d] *= rho;
-            }
-        }
-      __syncwarp();
-      add_row_dots(dgs, dq_acc, q_tile, wm, wn, 1.f);
-      __syncwarp();
-      {  // a = rowsum(K (.) dK_a): dg_s -= 2a now, + rowsum(K (.) (dK_a + dU S^T)) in phase 5
-        float total = 0.f;
+      float dq_acc[2][4][4], dk_acc[2][4][4];
+      if constexpr (!kStateGradOnly) {
+        zero(dq_acc);  // dQ_a = s Gamma (dO @ S^T)
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dq_acc, d_o, kPitch, s.state, kPitch, wm, wn, kHeadDim);
+        zero(dk_acc);  // dK_a = rho (.) (Vd @ dS^T)
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, s.vd, kPitch, s.dstate, kPitch, wm, wn, kHeadDim);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = acc_row(wm, i, 2 * half);
-            float sum = 0.f;
+            const float qf = scale * exp2_approx(s.gcum[row]), rho = exp2_approx(gamma - s.gcum[row]);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int col = acc_col(wn, j, 0);
-              sum += to_float(k_tile[row * kPitch + col]) * dk_acc[i][j][2 * half] +
-                     to_float(k_tile[row * kPitch + col + 1]) * dk_acc[i][j][2 * half + 1];
-            }
-            total += sum;
-            add_row_sum(dgs, row, -2.f * sum);
-            __syncwarp();
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int d = 0; d < 2; ++d) {
+                dq_acc[i][j][2 * half + d] *= qf;
+                dk_acc[i][j][2 * half + d] *= rho;
+              }
           }
+        __syncwarp();
+        add_row_dots(dgs, dq_acc, q_tile, wm, wn, 1.f);
+        __syncwarp();
+        {  // a = rowsum(K (.) dK_a): dg_s -= 2a now, + rowsum(K (.) (dK_a + dU S^T)) in phase 5
+          float total = 0.f;
 #pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
-        if (lane == 0) s.ka_part[warp] = total;
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = acc_row(wm, i, 2 * half);
+              float sum = 0.f;
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const int col = acc_col(wn, j, 0);
+                sum += to_float(k_tile[row * kPitch + col]) * dk_acc[i][j][2 * half] +
+                       to_float(k_tile[row * kPitch + col + 1]) * dk_acc[i][j][2 * half + 1];
+              }
+              total += sum;
+              add_row_sum(dgs, row, -2.f * sum);
+              __syncwarp();
+            }
+#pragma unroll
+          for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+          if (lane == 0) s.ka_part[warp] = total;
+        }
       }
       __syncthreads();
 
       // ── Phase 4 ──────────────────────────────────────────────────────────────────────────────
       Elem* x_tile = s.vd;       // X = A_r^T dA_r, pitch kPitchC
       Elem* dm_sym = s.dvd;      // dM + dM^T, pitch kPitchC
-      {
+      if constexpr (!kStateGradOnly) {
         float acc[1][4][4];
         zero(acc);
         warp_gemm<1, 4, Stored::kTransposed, Stored::kRowMajor>(acc, s.ar, kPitchC, s.pg, kPitchC, cm, cn, kChunk);
@@ -478,7 +526,7 @@ struct FusedBackward {
         store_pair(x, f * to_float(x[0]), f * to_float(x[1]));
       }
       __syncthreads();
-      {
+      if constexpr (!kStateGradOnly) {
         float y[1][4][4];  // Y = X @ A_r^T
         zero(y);
         warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(y, x_tile, kPitchC, s.ar, kPitchC, cm, cn, kChunk);
@@ -506,26 +554,28 @@ struct FusedBackward {
       __syncthreads();
 
       // ── Phase 5 ──────────────────────────────────────────────────────────────────────────────
-      // dq_h = dQ_a + dP @ K
-      warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, s.dp, kPitchC, k_tile, kPitch, wm, wn, kChunk);
-      // dk_h = dK_a + dU @ S^T (+ the U and rho terms of dg_s) + dP^T @ Q + (dM + dM^T) @ K
-      warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, du, kPitch, s.state, kPitch, wm, wn, kHeadDim);
-      add_row_dots(dgs, dk_acc, k_tile, wm, wn, 1.f);
-      warp_gemm<2, 4, Stored::kTransposed, Stored::kRowMajor>(dk_acc, s.dp, kPitchC, q_tile, kPitch, wm, wn, kChunk);
-      warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dk_acc, dm_sym, kPitchC, k_tile, kPitch, wm, wn, kChunk);
+      if constexpr (!kStateGradOnly) {
+        // dq_h = dQ_a + dP @ K
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, s.dp, kPitchC, k_tile, kPitch, wm, wn, kChunk);
+        // dk_h = dK_a + dU @ S^T (+ the U and rho terms of dg_s) + dP^T @ Q + (dM + dM^T) @ K
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, du, kPitch, s.state, kPitch, wm, wn, kHeadDim);
+        add_row_dots(dgs, dk_acc, k_tile, wm, wn, 1.f);
+        warp_gemm<2, 4, Stored::kTransposed, Stored::kRowMajor>(dk_acc, s.dp, kPitchC, q_tile, kPitch, wm, wn, kChunk);
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dk_acc, dm_sym, kPitchC, k_tile, kPitch, wm, wn, kChunk);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const int row = acc_row(wm, i, e), col = acc_col(wn, j, e);
-            if (row < rows) {
-              const int64_t out = ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kHeadDim + col;
-              *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq_acc[i][j][e], dq_acc[i][j][e + 1]);
-              *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk_acc[i][j][e], dk_acc[i][j][e + 1]);
+            for (int e = 0; e < 4; e += 2) {
+              const int row = acc_row(wm, i, e), col = acc_col(wn, j, e);
+              if (row < rows) {
+                const int64_t out = ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kHeadDim + col;
+                *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq_acc[i][j][e], dq_acc[i][j][e + 1]);
+                *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk_acc[i][j][e], dk_acc[i][j][e + 1]);
+              }
             }
-          }
+      }
       {  // dS = e^gamma dS + [K; Q]^T @ [dU; s Gamma dO]
         const float decay = exp2_approx(gamma);
         for_each(dstate, sm, sn, [&](int, int, float& x) { x *= decay; });
@@ -535,7 +585,7 @@ struct FusedBackward {
       __syncthreads();
 
       // dgamma, then dg = reverse cumsum of dg_s over the chunk (warp 0, two rows per lane).
-      if (warp == 0) {
+      if (!kStateGradOnly && warp == 0) {
         float dot = 0.f, ka = 0.f;
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
@@ -578,17 +628,16 @@ struct FusedBackward {
       }
     }
 
-    if (bp.d_initial_state != nullptr) {
-      for_each(dstate, sm, sn, [&](int row, int col, float& x) {
-        bp.d_initial_state[state_offset(bp.d_initial_state_strides, p.state_vk, n, h, row, col)] = x;
-      });
+    // Resolved again rather than kept live through the chunk loop (registers are at the limit).
+    if (StateBlock out = backward_item(bp, blockIdx.x, h).ds_start; out.base != nullptr) {
+      for_each(dstate, sm, sn, [&](int row, int col, float& x) { out.at(row, col) = x; });
     }
   }
 };
 
-template <typename Elem>
+template <typename Elem, bool kStateGradOnly>
 __global__ void __launch_bounds__(256, 1) fused_backward_kernel(const __grid_constant__ BackwardParams p) {
-  FusedBackward<Elem>::run(p);
+  FusedBackward<Elem, kStateGradOnly>::run(p);
 }
 
 }  // namespace flashgdn::kern

@@ -22,12 +22,17 @@ cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream);
 // segment_offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / segment_chunks) (varlen CP only).
 cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream);
 
-// CP: decay window of every (segment, v-head) into window_chunks.
+// CP: decay window of every (segment, v-head) into windows: trailing chunks (forward) or leading
+// chunks (backward) whose summed log map-norm bound reaches decay_threshold; 0 without one.
 template <ElemKind E>
-cudaError_t launch_cp_windows(const ForwardParams& p, cudaStream_t stream);
+cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream);
 
 // CP: S_{j+1} = S*_j (+ M_j S_j without a window) per (sequence, v-head) into segment_starts.
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
+
+// Backward CP: dS_j = dS*_j (+ M_j^T dS_{j+1} without a window), j = J-1 .. 1, per (sequence,
+// v-head) into segment_grad_ends[j - 1].
+cudaError_t launch_cp_grad_correction(const BackwardParams& p, cudaStream_t stream);
 
 // o rows of tokens past cu_seqlens[num_seqs] set to zero (varlen only).
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream);

@@ -61,6 +61,11 @@ struct ForwardParams {
   float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
   float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (j > 0)
   float decay_threshold = -10.f;         // natural-log units
+  // Backward CP (the backward's pre-pass): leading decay windows of the dS* pass, 0 where the
+  // reverse correction needs M_j (the state pass then forms it too, for the last segment as well
+  // when transition_for_last: a final-state gradient flows back through it).
+  int32_t* grad_window_chunks = nullptr;
+  bool transition_for_last = false;
 };
 
 // Passes of the CP forward; the state pass runs S*_j with blockIdx.z == 0 and M_j with z == 1.
@@ -94,6 +99,11 @@ struct BackwardParams {
   const void* k_raw = nullptr;
   RowStrides q_raw_strides, k_raw_strides;
   bool l2norm = false;
+
+  // Backward CP (fwd.cp_pass: kCpStatePass runs the dS* pass, kCpMainPass the fused backward of
+  // every segment); windows in fwd.grad_window_chunks.
+  float* segment_grad_starts = nullptr;  // [segment][hv][128][128]: dS*_j w.r.t. the state entering segment j
+  float* segment_grad_ends = nullptr;    // [segment][hv][128][128]: dS_{j+1} w.r.t. the state leaving segment j
 };
 
 }  // namespace flashgdn::kern

@@ -144,8 +144,9 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //   state pass, z = 0: j not last; tokens = the trailing window of the segment (the whole segment
 //                      when it has none), from h0 for an exact first segment, else from zero;
 //                      end state -> segment_ends[x]
-//   state pass, z = 1: only for exact segments with 0 < j < last: the whole segment with V = 0 from
-//                      the identity, i.e. the transition M_j -> segment_transitions[x]
+//   state pass, z = 1: only for j > 0 where a correction needs M_j (no forward window and j < last;
+//                      no backward window, j < last or transition_for_last): the whole segment with
+//                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
 //                      final state of the last segment -> final_state[n]
@@ -170,7 +171,12 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
   item.eos = at.eos;
   if (p.cp_pass == kCpStatePass) {
     const int32_t window = p.window_chunks[x * p.num_v_heads + h];
-    if (at.last() || (z == 1 && (window != 0 || at.index == 0))) return item;
+    if (z == 0 && at.last()) return item;
+    if (z == 1) {  // M_j where the forward correction or the backward's reverse correction needs it
+      const bool grad_exact = p.grad_window_chunks != nullptr && p.grad_window_chunks[x * p.num_v_heads + h] == 0;
+      const bool needed = (window == 0 && !at.last()) || (grad_exact && (!at.last() || p.transition_for_last));
+      if (at.index == 0 || !needed) return item;
+    }
     item.valid = true;
     item.bos = z == 0 && window != 0 ? at.eos - window * kChunk : at.bos;
     if (z == 0) {
