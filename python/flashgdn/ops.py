@@ -102,6 +102,8 @@ def _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in
     c.has_scale = 1
     c.scale = scale
     c.use_qk_l2norm_in_kernel = int(use_qk_l2norm_in_kernel)
+    if not cp_decay_threshold < 0:  # the C ABI reads 0 as "the default"
+        raise ValueError(f"cp_decay_threshold: must be a finite negative log-decay, got {cp_decay_threshold}")
     c.context_parallel = int(context_parallel)
     c.cp_segment_chunks = int(cp_segment_chunks)
     c.cp_decay_threshold = float(cp_decay_threshold)

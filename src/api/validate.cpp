@@ -315,8 +315,8 @@ Status check_inputs(const Inputs& in, const InputArgs& a, Target target) {
   if (in.scale.has_value() && !(*in.scale == *in.scale))
     return invalid("scale: is NaN");
   const ContextParallelism& cp = in.context_parallelism;
-  if (cp.segment_chunks < 0)
-    return invalid(cat("cp_segment_chunks: must be >= 0 (0: the planner's choice), got ", cp.segment_chunks));
+  if (cp.segment_chunks < 0 || cp.segment_chunks > (int64_t{1} << 24))
+    return invalid(cat("cp_segment_chunks: must be in [0, 2^24] (0: the planner's choice), got ", cp.segment_chunks));
   if (!(cp.decay_threshold < 0.f) || cp.decay_threshold < -1e30f)
     return invalid(cat("cp_decay_threshold: must be a finite negative log-decay, got ", cp.decay_threshold));
   return {};

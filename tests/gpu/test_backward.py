@@ -52,7 +52,8 @@ def run_poisoned(x, do, dht=None, cu_seqlens=None, scale=None, l2norm=False, sta
     grads = poisoned_grads(x)
     scale = x["q"].shape[-1] ** -0.5 if scale is None else scale
     backward_into(*(grads[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, dht,
-                  x["initial_state"], cu_seqlens, scale, l2norm, state_v_first, cu_seqlens_cpu)
+                  x["initial_state"], cu_seqlens, scale, l2norm, state_v_first, cu_seqlens_cpu,
+                  1)  # context parallelism off here; test_cp.py covers it
     return grads
 
 

@@ -17,7 +17,7 @@ AUTO, OFF, ON = 0, 1, 2
 
 
 def run(x, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None, l2norm=False, threshold=-10.0,
-        final=None):
+        final=None, state_v_first=False):
     """Forward into NaN-filled outputs with the given CP mode; returns (o, final_state)."""
     q, v = x["q"], x["v"]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -25,7 +25,7 @@ def run(x, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None, l2norm=
     if final is None:
         final = torch.full((N, v.shape[2], 128, 128), float("nan"), device=q.device)
     forward_into(o, final, q, x["k"], v, x["g"], x["beta"], x["initial_state"], cu_seqlens, q.shape[-1] ** -0.5,
-                 l2norm, False, False, cu_seqlens_cpu, mode, segment_chunks, threshold)
+                 l2norm, state_v_first, False, cu_seqlens_cpu, mode, segment_chunks, threshold)
     return o, final
 
 
@@ -38,9 +38,10 @@ def test_regimes_forced_on(seed, regime, with_h0):
     o, final = run(x, ON, segment_chunks=4)
     err_o, err_s = check(x, o, final)
     o_ref, final_ref = run(x, OFF)
+    # Both are within 0.5% of the oracle with independent bf16 roundings: their gap is up to ~sqrt(2) x.
     print(f"vs oracle o={err_o:.2e} state={err_s:.2e}; vs no CP o={rel_l2(o, o_ref):.2e} "
           f"state={rel_l2(final, final_ref):.2e}")
-    assert rel_l2(o, o_ref) <= 5e-3 and rel_l2(final, final_ref) <= 5e-3
+    assert rel_l2(o, o_ref) <= 1e-2 and rel_l2(final, final_ref) <= 1e-2
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -66,6 +67,17 @@ def test_batch_mode_and_gva(seed):
     check(x, o, final)
 
 
+def test_state_v_first_fp16_bf16_beta(seed):
+    x = make_inputs(1, 2500, 2, 4, regime="mixed", dtype=torch.float16)
+    x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()  # [N, Hv, V, K]
+    x["beta"] = x["beta"].bfloat16()
+    o, final = run(x, ON, segment_chunks=4, state_v_first=True)
+    check(x, o, final, state_v_first=True)
+    h0 = x["initial_state"].clone()  # in place, V-first
+    o, final = run(x, ON, segment_chunks=4, state_v_first=True, final=x["initial_state"])
+    check(dict(x, initial_state=h0), o, final, state_v_first=True)
+
+
 def test_in_place_state(seed):
     """final_state aliasing initial_state: the last segment's CTA writes the state the first
     segment's reads, so the correction copies h0 before the main pass."""
@@ -80,9 +92,9 @@ def test_in_place_state(seed):
 def test_unnormalised_keys(seed):
     """Keys not L2-normalised: the window bound includes max(1, |1 - beta |k|^2|), so the result
     stays exact to tolerance (and the in-kernel L2 norm takes the normalised-keys path)."""
-    x = make_inputs(1, 3000, 2, 4, regime="model", normalize=False)
-    x["k"] = (x["k"].float() * 0.1).to(x["k"].dtype)  # |k|^2 ~ 1.3: decay still dominates
-    x["q"] = (x["q"].float() * 0.1).to(x["q"].dtype)
+    x = make_inputs(1, 3000, 2, 4, regime="strong", normalize=False)
+    x["k"] = (x["k"].float() * 0.15).to(x["k"].dtype)  # |k|^2 ~ 2.9: beta |k|^2 > 2 for many tokens
+    x["q"] = (x["q"].float() * 0.15).to(x["q"].dtype)
     o, final = run(x, ON, segment_chunks=4)
     check(x, o, final)
     y = make_inputs(1, 3000, 2, 4, regime="model", normalize=False)
@@ -91,16 +103,17 @@ def test_unnormalised_keys(seed):
 
 
 def test_truncation_error_bounded(seed):
-    """With a loose threshold (-2: windows keep e^-2 ~ 14% of the dropped state's norm) the error
-    shows; with the default it does not: the window rule, not luck, keeps CP exact."""
-    x = make_inputs(1, 4096, 2, 4, regime="model")
-    o_ref, final_ref = run(x, OFF)
+    """Weak gates (about -3 per chunk): with a loose threshold (-0.5, windows of one chunk that keep
+    up to e^-0.5 of the dropped state) the truncation shows; with the default (-10: the whole 4-chunk
+    segment, exact M) it does not: the window rule, not luck, keeps CP exact."""
+    x = make_inputs(1, 4096, 2, 4, regime="weak")
+    o_ref, _ = run(x, OFF)
     o_tight, _ = run(x, ON, segment_chunks=4)
     o_loose, _ = run(x, ON, segment_chunks=4, threshold=-0.5)
     tight, loose = rel_l2(o_tight, o_ref), rel_l2(o_loose, o_ref)
     print(f"CP vs no CP: threshold -10: {tight:.2e}, threshold -0.5: {loose:.2e}")
-    assert tight <= 5e-3
-    assert loose >= tight
+    assert tight <= 1e-2
+    assert loose > max(1e-2, 3 * tight)
 
 
 def test_auto_plan(seed):
@@ -110,6 +123,7 @@ def test_auto_plan(seed):
     check(x, o, final)
     o2, final2 = flashgdn.chunk_gated_delta_rule(**x, output_final_state=True, auto_cp=False)
     print(f"auto vs off: o {rel_l2(o, o2):.2e} state {rel_l2(final, final2):.2e}")
+    assert not torch.equal(o, o2), "the planner kept CP off for 1 x 32768 tokens x 2 heads"
 
 
 def test_python_switch_and_bad_arguments(seed):
@@ -118,8 +132,9 @@ def test_python_switch_and_bad_arguments(seed):
     check(x, o_on, f_on)
     with pytest.raises(ValueError, match="cp_segment_chunks"):
         flashgdn.chunk_gated_delta_rule(**x, auto_cp=True, cp_segment_chunks=-1)
-    with pytest.raises(ValueError, match="cp_decay_threshold"):
-        flashgdn.chunk_gated_delta_rule(**x, auto_cp=True, cp_decay_threshold=1.0)
+    for threshold in (1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="cp_decay_threshold"):
+            flashgdn.chunk_gated_delta_rule(**x, auto_cp=True, cp_decay_threshold=threshold)
 
 
 def test_cuda_graph(seed):

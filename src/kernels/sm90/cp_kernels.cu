@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
   const int h = blockIdx.y;
   const int col0 = kSliceCols * blockIdx.z;
   const int64_t first = first_segment(p, n);
-  const int64_t count = p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first;
+  // (clamped to the workspace: a device cu_seqlens that disagrees with the host copy must not write past it)
+  const int64_t count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first,
+                            p.max_segments - first);
   // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
@@ -142,7 +144,8 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
   const int h = blockIdx.y;
   const int col0 = kSliceCols * blockIdx.z;
   const int64_t first = first_segment(p, n);
-  const int64_t count = p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first;
+  const int64_t count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first,
+                            p.max_segments - first);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
 #pragma unroll

@@ -59,7 +59,7 @@ struct ForwardParams {
                                          // whole segment and its transition M (no decay window)
   float* segment_ends = nullptr;         // [segment][hv][128][128]: S*_j, state at the segment's end
   float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
-  float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (j > 0)
+  float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (h0 for j = 0)
   float decay_threshold = -10.f;         // natural-log units
   // Backward CP (the backward's pre-pass): leading decay windows of the dS* pass, 0 where the
   // reverse correction needs M_j (the state pass then forms it too, for the last segment as well
