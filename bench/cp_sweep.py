@@ -1,0 +1,91 @@
+"""Auto-CP never slower than no CP: the forward timed with the planner's choice (auto) and with CP
+off over (sequences x v-heads) from 1 to 256 and sequence lengths 2k-128k, by CUDA-graph replay.
+
+Each row: sequences N, v-heads Hv, tokens per sequence, the planner's segment length (0: off),
+both times and auto / off. The summary gives the worst ratio (it must stay within noise, <= 1.03)
+and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_sweep_<commit>.csv.
+
+    python bench/cp_sweep.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import flashgdn  # noqa: E402
+from bench_forward import commit, time_graph  # noqa: E402
+from conftest import make_gates  # noqa: E402
+
+AUTO, OFF = 0, 1
+LENGTHS = [2048, 8192, 32768, 131072]
+SEQS = [1, 2, 4, 8]
+HEADS = [1, 2, 4, 8, 16, 32, 64]
+MAX_TOKENS_HEADS = 131072 * 32  # memory / time cap per configuration
+
+
+def timed(x, mode, cu, cu_cpu):
+    q, k, v, g, beta = x
+    o = torch.empty_like(v)
+
+    def fn():
+        flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, cu, 128 ** -0.5, False, False, False, cu_cpu,
+                                  mode)
+    return time_graph(fn, replays=10), o
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="lengths 8k and 32k, heads 2/8/32")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    lengths = [8192, 32768] if args.quick else LENGTHS
+    heads = [2, 8, 32] if args.quick else HEADS
+    path = pathlib.Path(args.out) / f"{datetime.date.today()}_cp_sweep_{commit()}{'_quick' if args.quick else ''}.csv"
+    ratios, gains = [], []
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sequences", "h_v", "tokens_per_seq", "auto_ms", "off_ms", "auto_over_off", "differs"])
+        for length in lengths:
+            for n in SEQS:
+                for hv in heads:
+                    if n * hv > 256 or n * length * hv > MAX_TOKENS_HEADS:
+                        continue
+                    T = n * length
+                    q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+                    k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+                    v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
+                    g = make_gates("mixed", 1, T, hv, "cuda")
+                    beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
+                    cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
+                    cu = cu_cpu.to(device="cuda", dtype=torch.int32)
+                    x = (q, k, v, g, beta)
+                    t_auto, o_auto = timed(x, AUTO, cu, cu_cpu)
+                    t_off, o_off = timed(x, OFF, cu, cu_cpu)
+                    differs = not torch.equal(o_auto, o_off)  # CP engaged (different roundings)
+                    ratio = t_auto / t_off
+                    ratios.append(ratio)
+                    if differs:
+                        gains.append(t_off / t_auto)
+                    writer.writerow([n, hv, length, f"{t_auto:.4f}", f"{t_off:.4f}", f"{ratio:.3f}", int(differs)])
+                    f.flush()
+                    print(f"N={n:2d} Hv={hv:3d} len={length:6d}  auto {t_auto:8.3f} ms  off {t_off:8.3f} ms  "
+                          f"ratio {ratio:.3f}{'  (CP)' if differs else ''}")
+                    del q, k, v, g, beta, x, o_auto, o_off
+    geo = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else float("nan")
+    print(f"summary: {len(ratios)} configs, worst auto/off {max(ratios):.3f}, CP engaged on {len(gains)} "
+          f"with geomean speedup {geo:.2f}x; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

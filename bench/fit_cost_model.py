@@ -1,0 +1,135 @@
+"""Fit the auto-CP cost model (src/plan/cost_model.h) to flashgdn's forward kernels on this GPU.
+
+Whole calls are timed by CUDA-graph replay (median) in three single-wave experiments, so that every
+kernel's makespan is its longest item and the model is linear in its coefficients:
+
+  A  no CP, one sequence of C chunks, Hv = 4:       t_A(C) = base(C) + launch + C f
+  B  CP on, g == 0 (every head exact), segments of L chunks, S = C / L:
+       t_B - t_A = 3 launch + L max(s, m) + (S - 1)(c + c_m) + (L - C) f  [+ item constants]
+  C  CP on, strong decay (windows of one chunk):
+       t_C - t_A = 3 launch + s + (S - 1) c + (L - C) f                    [+ item constants]
+with f = fused_chunk_us, s = state_chunk_us, m = state_m_chunk_us, c = correction_step_us,
+c_m = correction_m_step_us. base(C) (the chunk inverse, parallel over chunks) is the same with and
+without CP and cancels in the differences. The per-item constants and the gate scan are folded
+into launch_us (item constants 0). Prints the fitted coefficients as C++ for CostModel's defaults
+and writes them, with every measurement, to bench/results/<date>_cost_model_<commit>.json.
+
+    python bench/fit_cost_model.py [--tokens 32768] [--heads 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import flashgdn  # noqa: E402
+from bench_forward import commit, time_graph  # noqa: E402
+from conftest import make_gates  # noqa: E402
+
+OFF, ON = 1, 2
+
+
+def inputs(T, hv, regime):
+    q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+    v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
+    g = make_gates(regime, 1, T, hv, "cuda")
+    beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
+    return q, k, v, g, beta
+
+
+def call_time_us(x, mode, segment_chunks=0):
+    q, k, v, g, beta = x
+    o = torch.empty_like(v)
+
+    def fn():
+        flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, None, 128 ** -0.5, False, False, False, None,
+                                  mode, segment_chunks)
+    return 1e3 * time_graph(fn)
+
+
+def lstsq(rows, values):
+    a = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(values, dtype=torch.float64).unsqueeze(1)
+    return torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--heads", type=int, default=4)
+    args = parser.parse_args()
+    hv, T = args.heads, args.tokens
+    C = T // 64
+    record = {"device": torch.cuda.get_device_name(), "commit": commit(), "heads": hv, "tokens": T}
+
+    # A: the fused kernel's per-chunk time from the slope over sequence lengths.
+    a_rows, a_times = [], []
+    for tokens in (T // 8, T // 4, T // 2, T):
+        t = call_time_us(inputs(tokens, hv, "weak"), OFF)
+        a_rows.append([1.0, tokens / 64])
+        a_times.append(t)
+    intercept_a, fused_chunk = lstsq(a_rows, a_times)
+    record["A"] = {"chunks": [r[1] for r in a_rows], "us": a_times}
+    t_a = a_times[-1]
+
+    segment_lengths = [L for L in (C // 16, C // 8, C // 4, C // 2) if L >= 4]
+    # C: windows of one chunk -> s and c.
+    strong = inputs(T, hv, "strong")
+    c_rows, c_vals, c_times = [], [], []
+    for L in segment_lengths:
+        S = C // L
+        t = call_time_us(strong, ON, L)
+        c_times.append(t)
+        c_rows.append([1.0, S - 1])
+        c_vals.append(t - t_a - (L - C) * fused_chunk)
+    const_c, step = lstsq(c_rows, c_vals)
+    record["C"] = {"segment_chunks": segment_lengths, "us": c_times}
+
+    # B: every head exact -> max(s, m) and c + c_m.
+    exact = inputs(T, hv, "zero")
+    b_rows, b_vals, b_times = [], [], []
+    for L in segment_lengths:
+        S = C // L
+        t = call_time_us(exact, ON, L)
+        b_times.append(t)
+        b_rows.append([1.0, L, S - 1])
+        b_vals.append(t - t_a - (L - C) * fused_chunk)
+    const_b, state_or_m, step_with_m = lstsq(b_rows, b_vals)
+    record["B"] = {"segment_chunks": segment_lengths, "us": b_times}
+
+    launch = max(const_c, 0.0) / 3  # 3 extra launches carry the constants (items, gate scan, one chunk)
+    coefficients = {
+        "fused_chunk_us": fused_chunk,
+        "fused_item_us": 0.0,
+        "state_chunk_us": state_or_m,  # the S* and M CTAs of a segment run side by side in one wave
+        "state_m_chunk_us": 0.0,
+        "state_item_us": 0.0,
+        "correction_step_us": max(step, 0.0),
+        "correction_m_step_us": max(step_with_m - step, 0.0),
+        "correction_item_us": 0.0,
+        "gate_scan_chunk_us": 0.0,
+        "launch_us": launch,
+    }
+    record["fit"] = coefficients
+    record["residual_constants_us"] = {"A_intercept": intercept_a, "B_const": const_b, "C_const": const_c}
+    out = ROOT / "bench" / "results" / f"{datetime.date.today()}_cost_model_{record['commit']}.json"
+    out.write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
+    print("// CostModel defaults (src/plan/cost_model.h), fitted by bench/fit_cost_model.py:")
+    for name, value in coefficients.items():
+        print(f"  double {name} = {value:.3f};")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
