@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd]   (default quick: tests + quick forward and
-#   backward benchmarks; bwd: tests + the full backward table only)
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp]   (default quick: tests + quick forward and
+#   backward benchmarks; bwd: tests + the full backward table only; cp: tests + the cost-model fit +
+#   the quick auto-CP sweep)
 #   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
 #   BWD_BENCH_ARGS (extra arguments of bench/bench_backward.py, e.g. --filter hv=16|8)
 # Carried wheels (.whl/, e.g. FLA for the side-by-side benchmark) are installed first.
@@ -45,13 +46,22 @@ grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
 note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
 
+if [ "$MODE" = cp ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py >"$OUT/fit.log" 2>&1
+  note "cost-model fit rc=$?"
+  tail -n 14 "$OUT/fit.log"
+  cp bench/results/*cost_model*.json "$OUT"/ 2>/dev/null
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --quick --out "$OUT" >"$OUT/sweep.log" 2>&1
+  note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
+fi
+
 quick_flag=$([ "$MODE" = full ] || echo --quick)
 if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_forward.py $quick_flag --out "$OUT" >"$OUT/bench.log" 2>&1
   note "forward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench.log"
 fi
-if [ "$MODE" != tests ]; then
+if [ "$MODE" != tests ] && [ "$MODE" != cp ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_backward.py $([ "$MODE" = bwd ] || echo $quick_flag) ${BWD_BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
   note "backward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench_bwd.log"
