@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
 }
 
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
-// gradient leaving segment j - 1: segment_grad_ends[j - 1]. Same thread layout as the forward.
+// gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. Same
+// thread layout as the forward.
 __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardParams bp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -148,6 +149,14 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
                             p.max_segments - first);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
+  if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
+    StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
+    if (dh0.base != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) dh0.at(k, col0 + c0 + i) = dht.base == nullptr ? 0.f : dht.at(k, col0 + c0 + i);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.at(k, col0 + c0 + i);
   __syncthreads();
