@@ -43,11 +43,12 @@ struct Varlen {
   bool present() const { return cu_seqlens != nullptr; }
 };
 
-// Intra-card context parallelism (forward): long sequences cut into segments of
+// Intra-card context parallelism: long sequences cut into segments of
 // segment_chunks * 64 tokens, run in parallel and stitched by a short serial correction (exact for
 // heads whose gates do not decay a segment below e^{decay_threshold}, within e^{decay_threshold}
 // of the state's norm for the others). kAuto lets the planner decide from the sequence lengths,
-// which it knows in batch mode or from Varlen::cu_seqlens_host (without it, kAuto means off).
+// which it knows in batch mode or from Varlen::cu_seqlens_host (without it, kAuto means off). The
+// backward follows the same options, except that its kAuto is off until its cost model is fitted.
 enum class ContextParallel { kAuto, kOff, kOn };
 struct ContextParallelism {
   ContextParallel mode = ContextParallel::kAuto;
@@ -66,7 +67,7 @@ struct Inputs {
   StateLayout state_layout = StateLayout::kKV;
   std::optional<float> scale;  // default K^-1/2
   bool use_qk_l2norm_in_kernel = false;
-  ContextParallelism context_parallelism;  // forward only
+  ContextParallelism context_parallelism;
 
   int64_t num_sequences() const { return varlen.present() ? varlen.num_seqs : shape.batch; }
   float effective_scale() const;

@@ -1,7 +1,7 @@
-"""Intra-card context parallelism of the forward (auto-CP) on the GPU: CP forced on with short
-segments so that every code path runs (decay windows, exact transitions M, the serial correction,
-varlen segment tables, in-place states), against the float64 oracle and against the same call
-without CP."""
+"""Intra-card context parallelism (auto-CP), forward and backward, on the GPU: CP forced on with
+short segments so that every code path runs (decay windows, exact transitions M, the serial
+corrections, varlen segment tables, in-place states), against the float64 oracle and against the
+same call without CP."""
 
 import pytest
 import torch
@@ -172,18 +172,61 @@ def run_backward(x, do, dht, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens
     return grads
 
 
+GAP_TOL = dict(dq=1e-2, dk=1e-2, dv=1e-2, dg=2e-2, dbeta=2e-2, dh0=1e-2)
+
+
+def assert_close_to_no_cp(grads, ref):
+    """CP and no CP within the oracle tolerances of each other, and CP engaged (roundings differ)."""
+    diffs = {n: rel_l2(grads[n], ref[n]) for n in GRADS if grads[n] is not None}
+    print("CP vs no CP:", " ".join(f"{n}={e:.2e}" for n, e in diffs.items()))
+    over = {n: e for n, e in diffs.items() if e > GAP_TOL[n]}
+    assert not over, f"CP vs no CP over tolerance: {over}"
+    assert not torch.equal(grads["dv"], ref["dv"]), "CP did not engage (bitwise equal to no CP)"
+
+
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("with_dht", [True, False])
-def test_backward_regimes_forced_on(seed, regime, with_dht):
+@pytest.mark.parametrize("with_h0", [True, False])
+def test_backward_regimes_forced_on(seed, regime, with_dht, with_h0):
     """Backward CP over 17 segments: leading windows, the dS* pass, the reverse correction with
     M^T where a head has no window (g == 0 heads; with dht also through the last segment)."""
-    x = make_inputs(1, 4133, 2, 4, regime=regime)
+    x = make_inputs(1, 4133, 2, 4, regime=regime, initial_state=with_h0)
     do, dht = upstream(x, with_dht)
     grads = run_backward(x, do, dht, ON, segment_chunks=4)
     check_grads(x, grads, do, dht)
-    ref = run_backward(x, do, dht, OFF)
-    diffs = {n: rel_l2(grads[n], ref[n]) for n in GRADS}
-    print("CP vs no CP:", " ".join(f"{n}={e:.2e}" for n, e in diffs.items()))
+    assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
+
+
+@pytest.mark.parametrize("decay_at", ["start", "end"])
+def test_backward_window_direction(seed, decay_at):
+    """Gates zero except one strongly decaying chunk at the start (or the end) of every 4-chunk
+    segment: the backward's leading window exists only in the first case and the forward's trailing
+    one only in the second, so a swapped direction breaks the gradients."""
+    x = make_inputs(1, 4096, 2, 4, regime="zero")
+    chunk = torch.arange(4096, device="cuda") // 64
+    decaying = (chunk % 4 == 0) if decay_at == "start" else (chunk % 4 == 3)
+    x["g"][0, decaying] = -0.5  # -32 per chunk
+    do, dht = upstream(x)
+    grads = run_backward(x, do, dht, ON, segment_chunks=4)
+    check_grads(x, grads, do, dht)
+    assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
+    o, final = run(x, ON, segment_chunks=4)
+    check(x, o, final)
+
+
+def test_backward_variants(seed):
+    """V-first states, fp16, bf16 beta, int64 offsets, in-kernel L2 norm (windows read the
+    normalised keys) under backward CP."""
+    lengths = [0, 700, 1300, 5]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int64, device="cuda")
+    x = make_inputs(1, int(cu[-1]) + 9, 2, 4, regime="mixed", dtype=torch.float16, normalize=False, N=len(lengths))
+    x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    x["beta"] = x["beta"].bfloat16()
+    do, dht = upstream(x)
+    grads = poisoned_grads(x)
+    backward_into(*(grads[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, dht,
+                  x["initial_state"], cu, 128 ** -0.5, True, True, cu.cpu(), ON, 3)
+    check_grads(x, grads, do, dht, cu_seqlens=cu, l2norm=True, state_v_first=True)
 
 
 @pytest.mark.parametrize("host_copy", [False, True])

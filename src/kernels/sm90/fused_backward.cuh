@@ -3,7 +3,7 @@
 // forward quantities from its inputs, the saved entering state S and the gate-free inverse A_r.
 // The equations are those of src/reference/backward_chunked.cpp (checked there in float64).
 //
-// Grid  (N sequences, Hv); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
+// Grid  (N sequences or CP segments, Hv); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
 // fp32 accumulate). Three warp tilings:
 //   [64,128] products: rows 32*(warp%2), cols 32*(warp/2)    (2 x 4 fragments)
 //   [64,64]  products: rows 16*(warp%4), cols 32*(warp/4)    (1 x 4 fragments)
