@@ -200,8 +200,9 @@ def test_backward_regimes_forced_on(seed, regime, with_dht, with_h0):
 @pytest.mark.parametrize("decay_at", ["start", "end"])
 def test_backward_window_direction(seed, decay_at):
     """Gates zero except one strongly decaying chunk at the start (or the end) of every 4-chunk
-    segment: the backward's leading window exists only in the first case and the forward's trailing
-    one only in the second, so a swapped direction breaks the gradients."""
+    segment: the backward's leading window is that one chunk in the first case (the forward's
+    trailing window the whole segment), and the other way round in the second, so a window taken
+    from the wrong end would drop undecayed state and break the result."""
     x = make_inputs(1, 4096, 2, 4, regime="zero")
     chunk = torch.arange(4096, device="cuda") // 64
     decaying = (chunk % 4 == 0) if decay_at == "start" else (chunk % 4 == 3)
