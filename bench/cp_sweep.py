@@ -20,12 +20,12 @@ import sys
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 import flashgdn  # noqa: E402
-from bench_forward import commit, time_graph  # noqa: E402
-from conftest import make_gates  # noqa: E402
+from conftest import make_gates  # noqa: E402  (the test regimes: zero, weak, strong, mixed, model)
+from flashgdn.bench.timing import git_commit as commit, time_graph  # noqa: E402
 
 AUTO, OFF = 0, 1
 LENGTHS = [2048, 8192, 32768, 131072]

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd|cp]   (default quick: tests + quick forward and
-#   backward benchmarks; bwd: tests + the full backward table only; cp: tests + the cost-model fit +
-#   the quick auto-CP sweep)
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp|bench|stage]
+#     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
+#     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fit + the
+#     quick auto-CP sweep; bench: build + the benchmark only (python -m flashgdn.bench $BENCH_ARGS:
+#     one CSV, plots and log); stage: install the anchor wheels staged so far and stop (one call per
+#     .whl/<group>, bench/notes.md "Anchors")
 #   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
-#   BWD_BENCH_ARGS (extra arguments of bench/bench_backward.py, e.g. --filter hv=16|8)
-# Carried wheels (.whl/, e.g. FLA for the side-by-side benchmark) are installed first.
+#   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
+#   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
+#   FLASHGDN_COMMIT (the commit measured: the device copy has no .git)
+# Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
+# (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}
@@ -15,10 +21,10 @@ mkdir -p "$OUT"
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if [ -d .whl ]; then
+  scripts/install_anchors.sh && [ -f "${ANCHOR_SITE:-/tmp/site}/env.sh" ] && . "${ANCHOR_SITE:-/tmp/site}/env.sh"
 fi
+[ "$MODE" = stage ] && exit 0
 
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 &&
@@ -30,15 +36,25 @@ grep -E "spill|Local memory" "$OUT/build.log" | sort -u | head -5
 spills=$(grep -cE "Registers are spilled|Local memory used" "$OUT/build.log")
 note "ptxas spill/local-memory warnings: $spills"
 
+export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+
+if [ "$MODE" = bench ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench ${BENCH_ARGS:-} --out "$OUT" >"$OUT/bench.log" 2>&1
+  note "benchmark rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
+  tail -n 40 "$OUT/bench.log"
+  echo "================ summary"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
 ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
 note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
 note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt"), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
 
-export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
 python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 note "pytest: $(tail -1 "$OUT/pytest.log")"
 grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
@@ -57,12 +73,14 @@ fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)
 if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_forward.py $quick_flag --out "$OUT" >"$OUT/bench.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction fwd $quick_flag --no-plots ${BENCH_ARGS:-} \
+    --out "$OUT" >"$OUT/bench.log" 2>&1
   note "forward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench.log"
 fi
 if [ "$MODE" != tests ] && [ "$MODE" != cp ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/bench_backward.py $([ "$MODE" = bwd ] || echo $quick_flag) ${BWD_BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction bwd $([ "$MODE" = bwd ] || echo $quick_flag) \
+    --no-plots ${BENCH_ARGS:-} ${BWD_BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
   note "backward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench_bwd.log"
 fi
