@@ -1,0 +1,109 @@
+// Warpgroup tensor-core primitives (sm_90a wgmma.mma_async), as thin PTX wrappers, and the
+// 128-byte-swizzled shared-memory tile layout they read. Tested on the GPU by
+// tests/gpu_unit/wgmma_test.cu (every operand-major combination against a host GEMM).
+//
+// Tiles. A bf16/fp16 operand tile is stored as panels of 64 elements (128 bytes) along its
+// contiguous dimension; a panel holds `rows` rows of 128 bytes, and each group of 8 rows (a
+// 1024-byte atom) is XOR-swizzled in 16-byte units: element (row, col) of a panel is at byte
+//     row * 128 + ((col / 8) ^ (row % 8)) * 16 + (col % 8) * 2.
+// Panels follow each other (panel p at p * rows * 128 bytes); tiles are 1024-byte aligned.
+//   K-major operand (A [M][K] with K contiguous, or B stored as [N][K]): rows = M (or N), panels
+//     along K. Descriptor: start = panel(k0 / 64) + (k0 % 64) * 2 bytes, SBO = 1024 (next 8 rows),
+//     LBO unused (encoded 1).
+//   MN-major operand (A stored as [K][M], B as [K][N], M/N contiguous): rows = K, panels along
+//     M/N. Descriptor: start = k0 * 128 bytes into the first panel, LBO = rows * 128 (next panel
+//     of 64 M/N elements), SBO = 1024 (next 8 K rows).
+// Accumulators of m64nNk16 (fp32, N/2 per thread): thread t of the warpgroup, warp w = t / 32,
+// lane l: d[4j + e] at row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2 — the mma.sync
+// m16n8 C layout of warp_mma.cuh repeated over N / 8 column blocks, one 16-row band per warp.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern::wg {
+
+enum class Major { kK, kMN };
+
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
+  return static_cast<uint32_t>(row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1));
+}
+
+// Byte offset of element (r, c) of a tile whose contiguous dimension is c, `rows` rows per panel.
+__device__ __forceinline__ uint32_t tile_offset(int r, int c, int rows) {
+  return static_cast<uint32_t>((c >> 6) * rows * 128) + swizzled_offset(r, c & 63);
+}
+
+__device__ __forceinline__ uint64_t encode(uint32_t bytes) { return (bytes & 0x3FFFF) >> 4; }
+
+// Descriptor of the 16-wide K slice starting at k0 of an operand tile at `tile` (shared memory).
+// `rows`: rows per panel (M or N for K-major, K for MN-major).
+template <Major kMajor>
+__device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int rows) {
+  const uint32_t base = smem_addr(tile);
+  uint64_t desc = uint64_t{1} << 62;  // 128-byte swizzle
+  if constexpr (kMajor == Major::kK) {
+    desc |= encode(base + static_cast<uint32_t>((k0 >> 6) * rows * 128 + (k0 & 63) * 2));
+    desc |= encode(16) << 16;
+  } else {
+    desc |= encode(base + static_cast<uint32_t>(k0 * 128));
+    desc |= encode(static_cast<uint32_t>(rows * 128)) << 16;
+  }
+  desc |= encode(1024) << 32;
+  return desc;
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Generic-proxy writes to shared memory made visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define FLASHGDN_WG_ACC64(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define FLASHGDN_WG_ACC_OPERANDS                                                                          \
+  FLASHGDN_WG_ACC64(0), FLASHGDN_WG_ACC64(4), FLASHGDN_WG_ACC64(8), FLASHGDN_WG_ACC64(12),                \
+      FLASHGDN_WG_ACC64(16), FLASHGDN_WG_ACC64(20), FLASHGDN_WG_ACC64(24), FLASHGDN_WG_ACC64(28),         \
+      FLASHGDN_WG_ACC64(32), FLASHGDN_WG_ACC64(36), FLASHGDN_WG_ACC64(40), FLASHGDN_WG_ACC64(44),         \
+      FLASHGDN_WG_ACC64(48), FLASHGDN_WG_ACC64(52), FLASHGDN_WG_ACC64(56), FLASHGDN_WG_ACC64(60)
+#define FLASHGDN_WG_ACC_LIST                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "   \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+  "%62, %63}"
+
+// d[64] (+)= A[64,16] @ B[16,128], both from shared memory (bf16). accumulate == false: d = A @ B.
+template <Major kMajorA, Major kMajorB>
+__device__ __forceinline__ void mma_64x128x16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  constexpr int kTransA = kMajorA == Major::kMN ? 1 : 0;
+  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC_LIST
+      ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : FLASHGDN_WG_ACC_OPERANDS
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+}
+
+// d[64] (+)= A[64,16] @ B[16,128] with A from registers (bf16x2, the mma.sync m16k16 A fragment of
+// each warp's 16-row band, warp_mma.cuh) and B from shared memory.
+template <Major kMajorB>
+__device__ __forceinline__ void mma_64x128x16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                 bool accumulate) {
+  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC_LIST
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : FLASHGDN_WG_ACC_OPERANDS
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+}
+
+#undef FLASHGDN_WG_ACC64
+#undef FLASHGDN_WG_ACC_OPERANDS
+#undef FLASHGDN_WG_ACC_LIST
+
+}  // namespace flashgdn::kern::wg

@@ -1,0 +1,139 @@
+// GPU unit test of the wgmma primitives (src/kernels/sm90/wgmma.cuh): D[64,128] = A[64,128] @
+// B[128,128] through eight m64n128k16 steps, for every operand-major combination with A from shared
+// memory (SS) and with A from registers (RS), against a host GEMM of the same bf16 values.
+// Exit codes: 0 all pass, 1 a mismatch (each variant's error is printed), 77 no sm_90 GPU (ctest
+// reports a skip: CI has no GPU).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/sm90/wgmma.cuh"
+
+namespace {
+
+using flashgdn::kern::Stored;
+using flashgdn::kern::wg::Major;
+namespace wg = flashgdn::kern::wg;
+
+constexpr int M = 64, N = 128, K = 128;
+constexpr int kPlainPitch = K + 8;
+constexpr int kATileBytes = M * K * 2, kBTileBytes = K * N * 2;
+constexpr int kSmem = kATileBytes + kBTileBytes + M * kPlainPitch * 2;
+
+template <Major kMajorA, Major kMajorB, bool kRegisterA>
+__global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d_out) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* a_tile = smem;
+  unsigned char* b_tile = smem + kATileBytes;
+  auto* a_plain = reinterpret_cast<__nv_bfloat16*>(smem + kATileBytes + kBTileBytes);
+  constexpr int a_rows = kMajorA == Major::kK ? M : K;  // rows per panel
+  constexpr int b_rows = kMajorB == Major::kK ? N : K;
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+    const int m = e / K, k = e % K;
+    const uint32_t at = kMajorA == Major::kK ? wg::tile_offset(m, k, a_rows) : wg::tile_offset(k, m, a_rows);
+    *reinterpret_cast<__nv_bfloat16*>(a_tile + at) = a[e];
+    a_plain[m * kPlainPitch + k] = a[e];
+  }
+  for (int e = threadIdx.x; e < K * N; e += blockDim.x) {
+    const int k = e / N, n = e % N;
+    const uint32_t at = kMajorB == Major::kK ? wg::tile_offset(n, k, b_rows) : wg::tile_offset(k, n, b_rows);
+    *reinterpret_cast<__nv_bfloat16*>(b_tile + at) = b[e];
+  }
+  wg::fence_shared_to_async();
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float d[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const uint64_t desc_b = wg::descriptor<kMajorB>(b_tile, k0, b_rows);
+    if constexpr (kRegisterA) {
+      uint32_t frag[4];
+      flashgdn::kern::load_a<Stored::kRowMajor>(frag, a_plain, kPlainPitch, 16 * warp, k0);
+      wg::mma_64x128x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
+    } else {
+      wg::mma_64x128x16_ss<kMajorA, kMajorB>(d, wg::descriptor<kMajorA>(a_tile, k0, a_rows), desc_b, k0 > 0);
+    }
+  }
+  wg::commit();
+  wg::wait<0>();
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + e % 2;
+      d_out[row * N + col] = d[4 * j + e];
+    }
+}
+
+template <Major kMajorA, Major kMajorB, bool kRegisterA>
+bool run(const char* name, const __nv_bfloat16* a, const __nv_bfloat16* b, float* d, const std::vector<double>& want) {
+  auto* kernel = gemm_kernel<kMajorA, kMajorB, kRegisterA>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaMemset(d, 0xff, M * N * sizeof(float));  // NaN poison
+  kernel<<<1, 128, kSmem>>>(a, b, d);
+  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+    std::printf("%-28s CUDA error: %s\n", name, cudaGetErrorString(err));
+    return false;
+  }
+  std::vector<float> got(M * N);
+  cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  double max_err = 0, max_ref = 0;
+  for (int i = 0; i < M * N; ++i) {
+    max_err = std::fmax(max_err, std::fabs(got[i] - want[i]));  // NaN makes fmax pick the other; check below
+    max_ref = std::fmax(max_ref, std::fabs(want[i]));
+    if (!std::isfinite(got[i])) max_err = INFINITY;
+  }
+  const bool ok = max_err <= 1e-4 * max_ref;
+  std::printf("%-28s max |err| %.3e (max |ref| %.3e): %s\n", name, max_err, max_ref, ok ? "ok" : "FAIL");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0, major = 0, minor = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) {
+    std::printf("compute capability %d.%d, not 9.0: skipped\n", major, minor);
+    return 77;
+  }
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal;
+  std::vector<__nv_bfloat16> a(M * K), b(K * N);
+  std::vector<double> a_val(M * K), b_val(K * N), want(M * N, 0.0);
+  for (int i = 0; i < M * K; ++i) a_val[i] = __bfloat162float(a[i] = __float2bfloat16(normal(rng)));
+  for (int i = 0; i < K * N; ++i) b_val[i] = __bfloat162float(b[i] = __float2bfloat16(normal(rng)));
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) want[m * N + n] += a_val[m * K + k] * b_val[k * N + n];
+  __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
+  float* d_dev = nullptr;
+  cudaMalloc(&a_dev, a.size() * 2);
+  cudaMalloc(&b_dev, b.size() * 2);
+  cudaMalloc(&d_dev, M * N * sizeof(float));
+  cudaMemcpy(a_dev, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(b_dev, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  bool ok = true;
+  ok &= run<Major::kK, Major::kK, false>("SS A K-major, B K-major", a_dev, b_dev, d_dev, want);
+  ok &= run<Major::kK, Major::kMN, false>("SS A K-major, B N-major", a_dev, b_dev, d_dev, want);
+  ok &= run<Major::kMN, Major::kK, false>("SS A M-major, B K-major", a_dev, b_dev, d_dev, want);
+  ok &= run<Major::kMN, Major::kMN, false>("SS A M-major, B N-major", a_dev, b_dev, d_dev, want);
+  ok &= run<Major::kK, Major::kK, true>("RS B K-major", a_dev, b_dev, d_dev, want);
+  ok &= run<Major::kK, Major::kMN, true>("RS B N-major", a_dev, b_dev, d_dev, want);
+  cudaFree(a_dev);
+  cudaFree(b_dev);
+  cudaFree(d_dev);
+  return ok ? 0 : 1;
+}
