@@ -1,0 +1,48 @@
+// Tensor-memory-accelerator loads and the mbarriers that track them (sm_90), as thin PTX wrappers.
+// A 2-D tile load (cp.async.bulk.tensor) writes a box of a global tensor into shared memory in the
+// layout its tensor map asks for (with CU_TENSOR_MAP_SWIZZLE_128B: the panel layout of wgmma.cuh,
+// one 64-element panel per box) and signals an mbarrier with the bytes it wrote; rows or columns
+// outside the tensor arrive as zeros. Host side: tensor_map.h. Tested by tests/gpu_unit/tma_test.cu.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern::tma {
+
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(barrier)), "r"(arrivals) : "memory");
+}
+// Barrier initialisation made visible to the async proxy (before any TMA names the barrier).
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// One arrival that also announces `bytes` of transactions the phase waits for.
+__device__ __forceinline__ void arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(barrier)), "r"(bytes)
+               : "memory");
+}
+
+// Blocks until the barrier's phase with parity `phase` has completed.
+__device__ __forceinline__ void wait(uint64_t* barrier, uint32_t phase) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(barrier)),
+      "r"(phase)
+      : "memory");
+}
+
+// Box at element coordinates (inner, outer) of the tensor described by `map` into `dst`.
+__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* barrier, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(barrier)), "r"(inner), "r"(outer)
+      : "memory");
+}
+
+}  // namespace flashgdn::kern::tma
