@@ -11,11 +11,12 @@
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   fused_backward     per (sequence or segment, v-head), chunks last to first: dv, dg, dbeta, dh0,
 //                      and dq, dk of every v-head in fp32
-//   qk_grads           dq, dk: group sums over v-heads, L2-norm backward, cast
+//   [qk_grads]         dq, dk: group sums over v-heads, L2-norm backward, cast (skipped when
+//                      Hv == Hqk without the L2 norm: the fused kernel then writes dq, dk)
 //   [zero_grad_padding]  only in varlen mode: dv, dg, dbeta of tokens past cu_seqlens[N]
 //
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; chunk_states [chunks, Hv, 128, 128]
-// in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128].
+// in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/common.h"
@@ -35,6 +36,11 @@ struct BackwardLayout {
   std::size_t bytes = 0;
 };
 
+// One v-head per q/k head and no L2 norm: the fused kernel writes dq, dk itself.
+bool direct_qk(const Inputs& in) {
+  return in.shape.num_v_heads == in.shape.num_qk_heads && !in.use_qk_l2norm_in_kernel;
+}
+
 BackwardLayout backward_layout(const BackwardProblem& problem) {
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
@@ -46,10 +52,12 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + tokens_heads * 64 * sizeof(float));
   layout.chunk_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
-  layout.dq_heads = offset;
-  offset = align_up(offset + tokens_heads * 128 * sizeof(float));
-  layout.dk_heads = offset;
-  offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+  if (!direct_qk(in)) {
+    layout.dq_heads = offset;
+    offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+    layout.dk_heads = offset;
+    offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+  }
   // The planner's cost model describes the forward passes: the backward cuts only when asked to.
   if (in.context_parallelism.mode == ContextParallel::kOn) layout.cp = decide_cp(in);
   if (layout.cp.enabled) {
@@ -120,8 +128,11 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   bp.dg_strides = row_strides(problem.dg);
   bp.dbeta = problem.dbeta.data;
   bp.dbeta_strides = row_strides(problem.dbeta);
-  bp.dq_heads = reinterpret_cast<float*>(ws + layout.dq_heads);
-  bp.dk_heads = reinterpret_cast<float*>(ws + layout.dk_heads);
+  bp.direct_qk = direct_qk(in);
+  if (!bp.direct_qk) {
+    bp.dq_heads = reinterpret_cast<float*>(ws + layout.dq_heads);
+    bp.dk_heads = reinterpret_cast<float*>(ws + layout.dk_heads);
+  }
   bp.dq = problem.dq.data;
   bp.dk = problem.dk.data;
   bp.dq_strides = row_strides(problem.dq);
@@ -149,11 +160,13 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
                            "fused_backward");
       !s.ok())
     return s;
-  if (auto s = cuda_status(bf16 ? kern::launch_qk_grads<kern::ElemKind::kBF16>(bp, stream)
-                                : kern::launch_qk_grads<kern::ElemKind::kF16>(bp, stream),
-                           "qk_grads");
-      !s.ok())
-    return s;
+  if (!bp.direct_qk) {
+    if (auto s = cuda_status(bf16 ? kern::launch_qk_grads<kern::ElemKind::kBF16>(bp, stream)
+                                  : kern::launch_qk_grads<kern::ElemKind::kF16>(bp, stream),
+                             "qk_grads");
+        !s.ok())
+      return s;
+  }
   if (in.varlen.present())
     return cuda_status(kern::launch_zero_grad_padding(bp, elem, stream), "zero_grad_padding");
   return {};

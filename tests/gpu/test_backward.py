@@ -140,6 +140,20 @@ def test_varlen_with_padding(seed, index_dtype, host_copy):
     assert_padding_zero(grads, int(cu[-1]))
 
 
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_one_v_head_per_qk_head(seed, l2norm):
+    """Hv == Hqk: without the L2 norm the fused kernel writes dq, dk directly (no fp32 round trip),
+    padding included; with it they go through the qk_grads pass."""
+    lengths = [0, 65, 300, 1]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    x = make_inputs(1, sum(lengths) + 21, 4, 4, regime="mixed", N=len(lengths), normalize=not l2norm)
+    cu = cu.to(x["q"].device)
+    do, dht = upstream(x)
+    grads = run_poisoned(x, do, dht, cu_seqlens=cu, l2norm=l2norm)
+    check(x, grads, do, dht, cu_seqlens=cu, l2norm=l2norm)
+    assert_padding_zero(grads, int(cu[-1]))
+
+
 def test_varlen_no_initial_state(seed):
     lengths = [65, 0, 1, 200]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)

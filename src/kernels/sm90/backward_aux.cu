@@ -3,7 +3,8 @@
 //                       summed over the head's group of Hv/Hqk v-heads, then (with the in-kernel
 //                       L2 norm) through x / sqrt(|x|^2 + 1e-6):  dx = (dy - y (y . dy)) / n,
 //                       y = x / n; written in q's dtype. Tokens past cu_seqlens[N] get zeros.
-//   zero_grad_padding   grid-stride: dv, dg, dbeta of tokens past cu_seqlens[N] set to zero (varlen)
+//   zero_grad_padding   grid-stride: dv, dg, dbeta (and dq, dk with direct_qk) of tokens past
+//                       cu_seqlens[N] set to zero (varlen)
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/elem_types.cuh"
@@ -68,7 +69,9 @@ template <typename Elem>
 __global__ void zero_grad_padding_kernel(const BackwardParams bp) {
   const ForwardParams& p = bp.fwd;
   const int64_t first = cu_seqlens_at(p, p.num_seqs);
-  const int64_t per_token = p.num_v_heads * (kHeadDim / 8 + 2);  // dv vectors, then dg and dbeta
+  // dv vectors, dg and dbeta, then (direct_qk: no qk_grads pass) dq and dk vectors
+  const int64_t qk_vectors = bp.direct_qk ? 2 * p.num_qk_heads * (kHeadDim / 8) : 0;
+  const int64_t per_token = p.num_v_heads * (kHeadDim / 8 + 2) + qk_vectors;
   const int64_t items = (p.seqlen - first) * per_token;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < items;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -77,6 +80,12 @@ __global__ void zero_grad_padding_kernel(const BackwardParams bp) {
       const int64_t h = item / (kHeadDim / 8), vec = item % (kHeadDim / 8);
       Elem* dv = static_cast<Elem*>(bp.dv) + t * bp.dv_strides.token + h * bp.dv_strides.head + vec * 8;
       *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
+    } else if (item >= p.num_v_heads * (kHeadDim / 8 + 2)) {
+      const int64_t rest = item - p.num_v_heads * (kHeadDim / 8 + 2), hk = rest / (kHeadDim / 8) % p.num_qk_heads;
+      const bool is_k = rest >= p.num_qk_heads * (kHeadDim / 8);
+      const RowStrides& s = is_k ? bp.dk_strides : bp.dq_strides;
+      Elem* out = static_cast<Elem*>(is_k ? bp.dk : bp.dq) + t * s.token + hk * s.head + (rest % (kHeadDim / 8)) * 8;
+      *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
     } else {
       const int64_t rest = item - p.num_v_heads * (kHeadDim / 8), h = rest / 2;
       if (rest % 2 == 0) {
@@ -109,7 +118,7 @@ template cudaError_t launch_qk_grads<ElemKind::kF16>(const BackwardParams&, cuda
 
 cudaError_t launch_zero_grad_padding(const BackwardParams& bp, ElemKind elem, cudaStream_t stream) {
   const ForwardParams& p = bp.fwd;
-  const int64_t items = p.seqlen * p.num_v_heads * (kHeadDim / 8 + 2);  // bound: padding <= seqlen
+  const int64_t items = p.seqlen * (p.num_v_heads * (kHeadDim / 8 + 2) + 2 * p.num_qk_heads * (kHeadDim / 8));
   if (items == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, 1024));
   if (elem == ElemKind::kBF16)

@@ -571,8 +571,18 @@ struct FusedBackward {
               const int row = acc_row(wm, i, e), col = acc_col(wn, j, e);
               if (row < rows) {
                 const int64_t out = ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kHeadDim + col;
-                *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq_acc[i][j][e], dq_acc[i][j][e + 1]);
-                *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk_acc[i][j][e], dk_acc[i][j][e + 1]);
+                if (bp.direct_qk) {  // h is its own q/k head
+                  const int64_t t = t0 + row;
+                  store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
+                                 h * bp.dq_strides.head + col,
+                             dq_acc[i][j][e], dq_acc[i][j][e + 1]);
+                  store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
+                                 h * bp.dk_strides.head + col,
+                             dk_acc[i][j][e], dk_acc[i][j][e + 1]);
+                } else {
+                  *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq_acc[i][j][e], dq_acc[i][j][e + 1]);
+                  *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk_acc[i][j][e], dk_acc[i][j][e + 1]);
+                }
               }
             }
       }

@@ -88,7 +88,9 @@ struct BackwardParams {
   RowStrides dv_strides, dg_strides, dbeta_strides;
 
   // dq, dk of every v-head in fp32, (b * seqlen + t, hv, 128) (workspace), then summed over each
-  // group of v-heads (and through the L2 norm) into dq, dk (b, t, hqk, 128), dtype of q.
+  // group of v-heads (and through the L2 norm) into dq, dk (b, t, hqk, 128), dtype of q. With
+  // direct_qk (Hv == Hqk, no L2 norm: nothing to sum or chain) the fused kernel writes dq, dk.
+  bool direct_qk = false;
   float* dq_heads = nullptr;
   float* dk_heads = nullptr;
   void* dq = nullptr;
