@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
   float d[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  wg::fence_operand(d);
   wg::fence();
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 16) {
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
     if constexpr (kRegisterA) {
       uint32_t frag[4];
       flashgdn::kern::load_a<Stored::kRowMajor>(frag, a_plain, kPlainPitch, 16 * warp, k0);
+      wg::fence();  // the A fragment registers were just written
       wg::mma_64x128x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
     } else {
       wg::mma_64x128x16_ss<kMajorA, kMajorB>(d, wg::descriptor<kMajorA>(a_tile, k0, a_rows), desc_b, k0 > 0);
@@ -63,6 +65,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
   }
   wg::commit();
   wg::wait<0>();
+  wg::fence_operand(d);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,9 +16,7 @@ namespace flashgdn::kern {
 // driver's status (CUDA_ERROR_NOT_FOUND when the entry point is missing).
 inline CUresult encode_panel_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols,
                                  uint64_t row_stride_bytes, uint32_t box_rows, bool f16) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found{};
   if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found) !=

@@ -2,6 +2,9 @@
 // 128-byte-swizzled shared-memory tile layout they read. Tested on the GPU by
 // tests/gpu_unit/wgmma_test.cu (every operand-major combination against a host GEMM).
 //
+// Requirements (not checked): panel rows a multiple of 8, tiles 1024-byte aligned (the swizzle
+// acts on absolute address bits), MN-major rows * 128 < 256 KiB (the descriptor's 18-bit fields).
+//
 // Tiles. A bf16/fp16 operand tile is stored as panels of 64 elements (128 bytes) along its
 // contiguous dimension; a panel holds `rows` rows of 128 bytes, and each group of 8 rows (a
 // 1024-byte atom) is XOR-swizzled in 16-byte units: element (row, col) of a panel is at byte
@@ -54,7 +57,15 @@ __device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int row
   return desc;
 }
 
+// Before the first wgmma of a group, and after any register write an RS wgmma reads as A (PTX:
+// registers accessed by wgmma must be fenced from their prior accesses).
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Pins accumulator registers in place around fence() / wait() so the compiler moves no access of
+// them across the asynchronous window.
+__device__ __forceinline__ void fence_operand(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void wait() {
