@@ -10,9 +10,10 @@
 // fp32 accumulate). Every 128x128 product uses the warp tiling rows 32*(warp%4), cols 64*(warp/4),
 // so each thread holds the same 64 elements of S in `state` for the whole sequence.
 //
-// Shared memory (Elem = bf16/fp16, rows padded to 136 / 72 elements):
-//   kq [128][136]   rows 0-63 K, rows 64-127 Q of the chunk
-//   v  [64][136]    V, overwritten in place by W
+// Shared memory (Elem = bf16/fp16, rows padded to 136 / 72 elements; 188.5 KiB):
+//   kq [2][128][136]   rows 0-63 K, rows 64-127 Q of the chunk; two buffers: chunk c+1's cp.async
+//                      loads run during chunk c
+//   v  [2][64][136]    V, overwritten in place by W
 //   state [128][136]  bf16 copy of S (the B operand of K.S and Q.S)
 //   vd, vd_decayed [64][136]   Vd and rho (.) Vd
 //   p, ag [64][72]  G (.) QK^T and G (.) A_r (.) 1 beta^T
@@ -41,8 +42,8 @@ struct FusedForward {
   static constexpr int kPitchC = kChunk + 8;   // elements per row of a 64-wide tile
 
   struct SharedStorage {
-    alignas(16) Elem kq[2 * kChunk * kPitch];
-    alignas(16) Elem v[kChunk * kPitch];
+    alignas(16) Elem kq[2][2 * kChunk * kPitch];  // double-buffered: chunk c+1 loads during chunk c
+    alignas(16) Elem v[2][kChunk * kPitch];
     alignas(16) Elem state[kHeadDim * kPitch];
     alignas(16) Elem vd[kChunk * kPitch];
     alignas(16) Elem vd_decayed[kChunk * kPitch];
@@ -80,7 +81,7 @@ struct FusedForward {
   // K and Q rows of the chunk into kq, V rows into v; rows past the chunk (and V when zero_v)
   // are zero-filled.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b,
-                                    int64_t t0, int rows, int hk, int h, bool zero_v) {
+                                    int64_t t0, int rows, int hk, int h, bool zero_v, int buf) {
     for (int e = threadIdx.x; e < 3 * kChunk * 16; e += kThreads) {
       const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
       const bool valid = row < rows && !(tile == 2 && zero_v);
@@ -88,7 +89,7 @@ struct FusedForward {
       const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
                         : tile == 1 ? row_ptr<Elem>(p.q, p.q_strides, b, t, hk)
                                     : row_ptr<Elem>(p.v, p.v_strides, b, t, h);
-      Elem* dst = tile < 2 ? &s.kq[(tile * kChunk + row) * kPitch] : &s.v[row * kPitch];
+      Elem* dst = tile < 2 ? &s.kq[buf][(tile * kChunk + row) * kPitch] : &s.v[buf][row * kPitch];
       cp_async_16(dst + vec * 8, src + vec * 8, valid);
     }
     cp_async_commit();
@@ -129,13 +130,13 @@ struct FusedForward {
   }
 
   // P = G (.) QK^T (lower triangle with diagonal) and Ag = G (.) A_r (.) 1 beta^T.
-  static __device__ void gated_chunk_matrices(const ForwardParams& p, SharedStorage& s, int64_t b,
-                                              int64_t t0, int rows, int h) {
+  static __device__ void gated_chunk_matrices(const ForwardParams& p, SharedStorage& s, const Elem* kq,
+                                              int64_t b, int64_t t0, int rows, int h) {
     const int warp = threadIdx.x / 32;
     const int pm0 = 16 * (warp % 4), pn0 = 32 * (warp / 4);
     float qk[1][4][4];
     zero(qk);
-    warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, s.kq + kChunk * kPitch, kPitch, s.kq,
+    warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, kq + kChunk * kPitch, kPitch, kq,
                                                             kPitch, pm0, pn0, kHeadDim);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -191,22 +192,34 @@ struct FusedForward {
     store_state_copy(s, state, m0, n0);
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    auto chunk_rows = [&](int64_t c) {
+      const int64_t left = item.eos - (item.bos + c * kChunk);
+      return static_cast<int>(left < kChunk ? left : kChunk);
+    };
+    if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0);
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int64_t t0 = item.bos + c * kChunk;
-      const int rows = static_cast<int>(item.eos - t0 < kChunk ? item.eos - t0 : kChunk);
-      __syncthreads();  // the previous chunk is done with every buffer
-      load_chunk(p, s, b, t0, rows, hk, h, item.zero_v);
+      const int rows = chunk_rows(c);
+      const int buf = static_cast<int>(c & 1);
+      Elem* const kq = s.kq[buf];
+      Elem* const v = s.v[buf];
+      __syncthreads();  // chunk c-1 is done with every buffer, including kq/v[buf ^ 1] refilled now
+      if (c + 1 < num_chunks) {
+        load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, buf ^ 1);
+        cp_async_wait<1>();  // this chunk's group has landed; the next one's may be in flight
+      } else {
+        cp_async_wait<0>();
+      }
       load_gates(p, s, b, t0, rows, h);
       if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
-      cp_async_wait<0>();
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
 
-      gated_chunk_matrices(p, s, b, t0, rows, h);
+      gated_chunk_matrices(p, s, kq, b, t0, rows, h);
 
       float acc[2][8][4];
       zero(acc);
-      warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.kq, kPitch, s.state, kPitch, m0, n0,
+      warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, kq, kPitch, s.state, kPitch, m0, n0,
                                                             kHeadDim);
       // W = V - Gamma U (U warps, in place over V); Gamma QS stays in the QS warps' registers.
       // A thread's accumulator rows are m0 + 16 i + lane/4 (+ 8): one decay factor per (i, half).
@@ -220,7 +233,7 @@ struct FusedForward {
           for (int j = 0; j < 8; ++j) {
             const int e = 2 * half, col = acc_col(n0, j, e);
             if (u_warp) {
-              Elem* w = &s.v[row * kPitch + col];
+              Elem* w = &v[row * kPitch + col];
               store_pair(w, to_float(w[0]) - decay * acc[i][j][e], to_float(w[1]) - decay * acc[i][j][e + 1]);
             } else {
               acc[i][j][e] *= decay;
@@ -232,7 +245,7 @@ struct FusedForward {
 
       if (u_warp) {  // Vd = Ag @ W, rows m0..m0+31 (acc is free again: U was consumed by W)
         zero(acc);
-        warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, s.v, kPitch, m0, n0, kChunk);
+        warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, v, kPitch, m0, n0, kChunk);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -275,7 +288,7 @@ struct FusedForward {
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) state[i][j][e] *= decay;
-      warp_gemm<2, 8, Stored::kTransposed, Stored::kRowMajor>(state, s.kq, kPitch, s.vd_decayed, kPitch, m0,
+      warp_gemm<2, 8, Stored::kTransposed, Stored::kRowMajor>(state, kq, kPitch, s.vd_decayed, kPitch, m0,
                                                               n0, kChunk);
       store_state_copy(s, state, m0, n0);  // GEMM1 of this chunk read the old copy two barriers ago
     }
