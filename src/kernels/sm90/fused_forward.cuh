@@ -95,38 +95,41 @@ struct FusedForward {
     cp_async_commit();
   }
 
-  // gcum = log2(e) * inclusive cumsum of the chunk's gates (0 past the valid rows, so
-  // gcum[63] = gamma in log2 units);
-  // beta of each row (0 past the valid rows). Warp 0.
-  static __device__ void load_gates(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0,
-                                    int rows, int h) {
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    float g[2], beta[2];
+  // A chunk's gates in log2 units and its betas (0 past the valid rows), two rows per lane of warp 0:
+  // loaded one chunk ahead, so that their latency stays off the chain.
+  struct ChunkGates {
+    float g[2] = {0.f, 0.f}, beta[2] = {0.f, 0.f};
+  };
+  static __device__ ChunkGates fetch_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h) {
+    ChunkGates gates;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = 2 * lane + i;
-      g[i] = 0.f;
-      beta[i] = 0.f;
       if (row < rows) {
         const int64_t t = t0 + row;
-        g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
+        gates.g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
         const int64_t boff = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-        beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[boff])
-                                 : static_cast<const float*>(p.beta)[boff];
+        gates.beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[boff])
+                                       : static_cast<const float*>(p.beta)[boff];
       }
     }
-    const float pair = g[0] + g[1];
+    return gates;
+  }
+  // gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma), beta.
+  static __device__ void store_gates(SharedStorage& s, const ChunkGates& gates) {
+    const int lane = threadIdx.x % 32;
+    const float pair = gates.g[0] + gates.g[1];
     float inclusive = pair;
 #pragma unroll
     for (int offset = 1; offset < 32; offset *= 2) {
       const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
       if (lane >= offset) inclusive += up;
     }
-    s.gcum[2 * lane] = inclusive - pair + g[0];
+    s.gcum[2 * lane] = inclusive - pair + gates.g[0];
     s.gcum[2 * lane + 1] = inclusive;
-    s.beta[2 * lane] = beta[0];
-    s.beta[2 * lane + 1] = beta[1];
+    s.beta[2 * lane] = gates.beta[0];
+    s.beta[2 * lane + 1] = gates.beta[1];
   }
 
   // P = G (.) QK^T (lower triangle with diagonal) and Ag = G (.) A_r (.) 1 beta^T.
@@ -197,6 +200,8 @@ struct FusedForward {
       return static_cast<int>(left < kChunk ? left : kChunk);
     };
     if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0);
+    ChunkGates gates;  // warp 0: the gates of the chunk about to run
+    if (warp == 0 && num_chunks > 0) gates = fetch_gates(p, b, item.bos, chunk_rows(0), h);
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(c);
@@ -210,7 +215,10 @@ struct FusedForward {
       } else {
         cp_async_wait<0>();
       }
-      load_gates(p, s, b, t0, rows, h);
+      if (warp == 0) {
+        store_gates(s, gates);
+        if (c + 1 < num_chunks) gates = fetch_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
+      }
       if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
