@@ -109,6 +109,7 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream) {
+  p.v_split = choose_v_split(p.cp_pass == kern::kNoCp ? p.num_seqs : p.max_segments, p.num_v_heads);
   if (p.cp_pass != kern::kNoCp) {
     const bool bf16 = elem == kern::ElemKind::kBF16;
     if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -124,6 +125,10 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
   }
   p.chunk_states = chunk_states;
   return launch_fused_forward(p, elem, inverse, stream);
+}
+
+int32_t choose_v_split(int64_t items, int32_t num_v_heads) {
+  return items * num_v_heads * 2 <= num_sms() ? 2 : 1;
 }
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {

@@ -22,19 +22,25 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <ElemKind E, InverseKind I>
-cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
-  using Kernel = FusedForward<ElemType<E>, InverseType<I>>;
-  const int64_t items = p.cp_pass == kNoCp ? p.num_seqs : p.max_segments;
-  if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
+template <typename Elem, typename InverseT, int kVSplit>
+cudaError_t launch_fused_forward_split(const ForwardParams& p, int64_t items, cudaStream_t stream) {
+  using Kernel = FusedForward<Elem, InverseT, kVSplit>;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_forward_kernel<ElemType<E>, InverseType<I>>;
+  auto* kernel = fused_forward_kernel<Elem, InverseT, kVSplit>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads, p.cp_pass == kCpStatePass ? 2 : 1);
+  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * kVSplit, p.cp_pass == kCpStatePass ? 2 : 1);
   kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <ElemKind E, InverseKind I>
+cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
+  const int64_t items = p.cp_pass == kNoCp ? p.num_seqs : p.max_segments;
+  if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
+  return p.v_split == 2 ? launch_fused_forward_split<ElemType<E>, InverseType<I>, 2>(p, items, stream)
+                        : launch_fused_forward_split<ElemType<E>, InverseType<I>, 1>(p, items, stream);
 }
 
 }  // namespace flashgdn::kern

@@ -6,16 +6,19 @@
 // tokens, entering state and end state come from work_item() (sequence.cuh; passes in
 // cp_kernels.cu).
 //
-// Grid  (N sequences or segments, Hv[, 2 for the CP state pass]); block 256 threads = 8 warps, mma.sync m16n8k16 (bf16/fp16 operands,
-// fp32 accumulate). Every 128x128 product uses the warp tiling rows 32*(warp%4), cols 64*(warp/4),
-// so each thread holds the same 64 elements of S in `state` for the whole sequence.
+// Grid  (N sequences or segments, Hv * kVSplit[, 2 for the CP state pass]); block 256 threads = 8
+// warps, mma.sync m16n8k16 (bf16/fp16 operands, fp32 accumulate). The columns of S evolve
+// independently, so with kVSplit = 2 two CTAs share a (sequence, v-head), each owning kCols = 64
+// value columns (v0 = 64 * (blockIdx.y % 2)) of S, V, W, Vd and o; both compute P and Ag. Every
+// [128, kCols] product uses the warp tiling rows 32*(warp%4), cols (kCols/2)*(warp/4), so each thread
+// holds the same 64 / kVSplit elements of S in `state` for the whole sequence.
 //
 // Shared memory (Elem = bf16/fp16, rows padded to 136 / 72 elements; 188.5 KiB):
 //   kq [2][128][136]   rows 0-63 K, rows 64-127 Q of the chunk; two buffers: chunk c+1's cp.async
 //                      loads run during chunk c
 //   v  [2][64][136]    V, overwritten in place by W
-//   state [128][136]  bf16 copy of S (the B operand of K.S and Q.S)
-//   vd, vd_decayed [64][136]   Vd and rho (.) Vd
+//   state [128][kCols + 8]  bf16 copy of S (the B operand of K.S and Q.S)
+//   vd, vd_decayed [64][kCols + 8]   Vd and rho (.) Vd  (V/W buffers also kCols + 8 wide)
 //   p, ag [64][72]  G (.) QK^T and G (.) A_r (.) 1 beta^T
 //   gcum, beta [64] fp32   (gcum in log2 units: every decay factor below is one ex2)
 // Per chunk (g = inclusive cumsum of the gates, gamma = g_last, Gamma = diag(e^g),
@@ -35,62 +38,72 @@
 
 namespace flashgdn::kern {
 
-template <typename Elem, typename InverseT>
+template <typename Elem, typename InverseT, int kVSplit>
 struct FusedForward {
   static constexpr int kThreads = 256;
   static constexpr int kPitch = kHeadDim + 8;  // elements per row of a 128-wide tile
   static constexpr int kPitchC = kChunk + 8;   // elements per row of a 64-wide tile
+  // Value columns of this CTA: S's columns evolve independently, so kVSplit CTAs share a (sequence,
+  // v-head), each with kCols columns of S, V, W, Vd and o (P and Ag are computed by each).
+  static constexpr int kCols = kHeadDim / kVSplit;
+  static constexpr int kPitchV = kCols + 8;
+  static constexpr int kNT = kCols / 16;  // 8-column fragments per warp (two warp columns of kCols / 2)
 
   struct SharedStorage {
     alignas(16) Elem kq[2][2 * kChunk * kPitch];  // double-buffered: chunk c+1 loads during chunk c
-    alignas(16) Elem v[2][kChunk * kPitch];
-    alignas(16) Elem state[kHeadDim * kPitch];
-    alignas(16) Elem vd[kChunk * kPitch];
-    alignas(16) Elem vd_decayed[kChunk * kPitch];
+    alignas(16) Elem v[2][kChunk * kPitchV];
+    alignas(16) Elem state[kHeadDim * kPitchV];
+    alignas(16) Elem vd[kChunk * kPitchV];
+    alignas(16) Elem vd_decayed[kChunk * kPitchV];
     alignas(16) Elem p[kChunk * kPitchC];
     alignas(16) Elem ag[kChunk * kPitchC];
     float gcum[kChunk];
     float beta[kChunk];
   };
 
-  using StateTile = float[2][8][4];
+  using StateTile = float[2][kNT][4];
 
   static __device__ void store_state_copy(SharedStorage& s, const StateTile& state, int m0, int n0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2)
-          store_pair(&s.state[acc_row(m0, i, e) * kPitch + acc_col(n0, j, e)], state[i][j][e],
+          store_pair(&s.state[acc_row(m0, i, e) * kPitchV + acc_col(n0, j, e)], state[i][j][e],
                      state[i][j][e + 1]);
   }
 
   // The bf16 copy of the state entering chunk c (complete since the loop's first barrier) into
   // chunk_states, 16-byte vectors.
   static __device__ void save_entering_state(const ForwardParams& p, const SharedStorage& s, int64_t chunk_id,
-                                             int h) {
-    Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
-    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
-      const int row = e / 16, vec = e % 16;
+                                             int h, int v0) {
+    Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim) + v0;
+    constexpr int kVecs = kCols / 8;
+    for (int e = threadIdx.x; e < kHeadDim * kVecs; e += kThreads) {
+      const int row = e / kVecs, vec = e % kVecs;
       *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
-          *reinterpret_cast<const uint4*>(&s.state[row * kPitch + vec * 8]);
+          *reinterpret_cast<const uint4*>(&s.state[row * kPitchV + vec * 8]);
     }
   }
 
   // K and Q rows of the chunk into kq, V rows into v; rows past the chunk (and V when zero_v)
   // are zero-filled.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b,
-                                    int64_t t0, int rows, int hk, int h, bool zero_v, int buf) {
-    for (int e = threadIdx.x; e < 3 * kChunk * 16; e += kThreads) {
+                                    int64_t t0, int rows, int hk, int h, bool zero_v, int buf, int v0) {
+    for (int e = threadIdx.x; e < 2 * kChunk * 16; e += kThreads) {  // K and Q rows
       const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
-      const bool valid = row < rows && !(tile == 2 && zero_v);
+      const bool valid = row < rows;
       const int64_t t = valid ? t0 + row : t0;
-      const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
-                        : tile == 1 ? row_ptr<Elem>(p.q, p.q_strides, b, t, hk)
-                                    : row_ptr<Elem>(p.v, p.v_strides, b, t, h);
-      Elem* dst = tile < 2 ? &s.kq[buf][(tile * kChunk + row) * kPitch] : &s.v[buf][row * kPitch];
-      cp_async_16(dst + vec * 8, src + vec * 8, valid);
+      const Elem* src = tile == 0 ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk) : row_ptr<Elem>(p.q, p.q_strides, b, t, hk);
+      cp_async_16(&s.kq[buf][(tile * kChunk + row) * kPitch] + vec * 8, src + vec * 8, valid);
+    }
+    constexpr int kVecs = kCols / 8;
+    for (int e = threadIdx.x; e < kChunk * kVecs; e += kThreads) {  // this CTA's V columns
+      const int row = e / kVecs, vec = e % kVecs;
+      const bool valid = row < rows && !zero_v;
+      const Elem* src = row_ptr<Elem>(p.v, p.v_strides, b, valid ? t0 + row : t0, h) + v0;
+      cp_async_16(&s.v[buf][row * kPitchV] + vec * 8, src + vec * 8, valid);
     }
     cp_async_commit();
   }
@@ -173,25 +186,28 @@ struct FusedForward {
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
-    const int h = blockIdx.y;
+    const int h = blockIdx.y / kVSplit;
+    const int v0 = kCols * static_cast<int>(blockIdx.y % kVSplit);  // first value column of this CTA
     const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
     if (!item.valid) return;
     const int hk = h / (p.num_v_heads / p.num_qk_heads);
     const int64_t b = item.batch;
     const int warp = threadIdx.x / 32;
-    const int m0 = 32 * (warp % 4), n0 = 64 * (warp / 4);
+    const int m0 = 32 * (warp % 4), n0 = (kCols / 2) * (warp / 4);
     const bool u_warp = warp % 4 < 2;  // rows 0-63 of [U; QS] (U), else rows 64-127 (QS)
 
-    float state[2][8][4];
+    float state[2][kNT][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          state[i][j][e] = item.initial_identity ? (acc_row(m0, i, e) == acc_col(n0, j, e) ? 1.f : 0.f)
+        for (int e = 0; e < 4; ++e) {
+          const int row = acc_row(m0, i, e), col = v0 + acc_col(n0, j, e);
+          state[i][j][e] = item.initial_identity     ? (row == col ? 1.f : 0.f)
                            : item.initial.base == nullptr ? 0.f
-                                                          : item.initial.at(acc_row(m0, i, e), acc_col(n0, j, e));
+                                                          : item.initial.at(row, col);
+        }
     store_state_copy(s, state, m0, n0);
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -199,7 +215,7 @@ struct FusedForward {
       const int64_t left = item.eos - (item.bos + c * kChunk);
       return static_cast<int>(left < kChunk ? left : kChunk);
     };
-    if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0);
+    if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0, v0);
     ChunkGates gates;  // warp 0: the gates of the chunk about to run
     if (warp == 0 && num_chunks > 0) gates = fetch_gates(p, b, item.bos, chunk_rows(0), h);
     for (int64_t c = 0; c < num_chunks; ++c) {
@@ -210,7 +226,7 @@ struct FusedForward {
       Elem* const v = s.v[buf];
       __syncthreads();  // chunk c-1 is done with every buffer, including kq/v[buf ^ 1] refilled now
       if (c + 1 < num_chunks) {
-        load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, buf ^ 1);
+        load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, buf ^ 1, v0);
         cp_async_wait<1>();  // this chunk's group has landed; the next one's may be in flight
       } else {
         cp_async_wait<0>();
@@ -219,16 +235,16 @@ struct FusedForward {
         store_gates(s, gates);
         if (c + 1 < num_chunks) gates = fetch_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
-      if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
+      if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h, v0);
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
 
       gated_chunk_matrices(p, s, kq, b, t0, rows, h);
 
-      float acc[2][8][4];
+      float acc[2][kNT][4];
       zero(acc);
-      warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, kq, kPitch, s.state, kPitch, m0, n0,
-                                                            kHeadDim);
+      warp_gemm<2, kNT, Stored::kRowMajor, Stored::kRowMajor>(acc, kq, kPitch, s.state, kPitchV, m0, n0,
+                                                              kHeadDim);
       // W = V - Gamma U (U warps, in place over V); Gamma QS stays in the QS warps' registers.
       // A thread's accumulator rows are m0 + 16 i + lane/4 (+ 8): one decay factor per (i, half).
 #pragma unroll
@@ -238,10 +254,10 @@ struct FusedForward {
           const int row = acc_row(m0, i, 2 * half);
           const float decay = exp2_approx(s.gcum[u_warp ? row : row - kChunk]);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kNT; ++j) {
             const int e = 2 * half, col = acc_col(n0, j, e);
             if (u_warp) {
-              Elem* w = &v[row * kPitch + col];
+              Elem* w = &v[row * kPitchV + col];
               store_pair(w, to_float(w[0]) - decay * acc[i][j][e], to_float(w[1]) - decay * acc[i][j][e + 1]);
             } else {
               acc[i][j][e] *= decay;
@@ -253,7 +269,7 @@ struct FusedForward {
 
       if (u_warp) {  // Vd = Ag @ W, rows m0..m0+31 (acc is free again: U was consumed by W)
         zero(acc);
-        warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, v, kPitch, m0, n0, kChunk);
+        warp_gemm<2, kNT, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, v, kPitchV, m0, n0, kChunk);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -261,28 +277,28 @@ struct FusedForward {
             const int row = acc_row(m0, i, 2 * half);
             const float rho = exp2_approx(gamma - s.gcum[row]);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < kNT; ++j) {
               const int e = 2 * half, col = acc_col(n0, j, e);
-              store_pair(&s.vd[row * kPitch + col], acc[i][j][e], acc[i][j][e + 1]);
-              store_pair(&s.vd_decayed[row * kPitch + col], rho * acc[i][j][e], rho * acc[i][j][e + 1]);
+              store_pair(&s.vd[row * kPitchV + col], acc[i][j][e], acc[i][j][e + 1]);
+              store_pair(&s.vd_decayed[row * kPitchV + col], rho * acc[i][j][e], rho * acc[i][j][e + 1]);
             }
           }
       }
       __syncthreads();  // Vd complete
 
       if (!u_warp) {  // O = scale (Gamma QS + P @ Vd), chunk rows m0-64 ..
-        warp_gemm<2, 8, Stored::kRowMajor, Stored::kRowMajor>(acc, s.p, kPitchC, s.vd, kPitch, m0 - kChunk,
-                                                              n0, kChunk);
+        warp_gemm<2, kNT, Stored::kRowMajor, Stored::kRowMajor>(acc, s.p, kPitchC, s.vd, kPitchV, m0 - kChunk,
+                                                                n0, kChunk);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
               const int row = acc_row(m0 - kChunk, i, e), col = acc_col(n0, j, e);
               if (row < rows && item.write_o) {
                 Elem* out = static_cast<Elem*>(p.o) + b * p.o_strides.batch + (t0 + row) * p.o_strides.token +
-                            h * p.o_strides.head + col;
+                            h * p.o_strides.head + v0 + col;
                 store_pair(out, p.scale * acc[i][j][e], p.scale * acc[i][j][e + 1]);
               }
             }
@@ -293,11 +309,11 @@ struct FusedForward {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < kNT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) state[i][j][e] *= decay;
-      warp_gemm<2, 8, Stored::kTransposed, Stored::kRowMajor>(state, kq, kPitch, s.vd_decayed, kPitch, m0,
-                                                              n0, kChunk);
+      warp_gemm<2, kNT, Stored::kTransposed, Stored::kRowMajor>(state, kq, kPitch, s.vd_decayed, kPitchV, m0,
+                                                                n0, kChunk);
       store_state_copy(s, state, m0, n0);  // GEMM1 of this chunk read the old copy two barriers ago
     }
 
@@ -306,16 +322,16 @@ struct FusedForward {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < kNT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) final.at(acc_row(m0, i, e), acc_col(n0, j, e)) = state[i][j][e];
+          for (int e = 0; e < 4; ++e) final.at(acc_row(m0, i, e), v0 + acc_col(n0, j, e)) = state[i][j][e];
     }
   }
 };
 
-template <typename Elem, typename InverseT>
+template <typename Elem, typename InverseT, int kVSplit>
 __global__ void __launch_bounds__(256, 1) fused_forward_kernel(const __grid_constant__ ForwardParams p) {
-  FusedForward<Elem, InverseT>::run(p);
+  FusedForward<Elem, InverseT, kVSplit>::run(p);
 }
 
 }  // namespace flashgdn::kern
