@@ -13,12 +13,12 @@
 // [128, kCols] product uses the warp tiling rows 32*(warp%4), cols (kCols/2)*(warp/4), so each thread
 // holds the same 64 / kVSplit elements of S in `state` for the whole sequence.
 //
-// Shared memory (Elem = bf16/fp16, rows padded to 136 / 72 elements; 188.5 KiB):
+// Shared memory (Elem = bf16/fp16, rows padded by 8 elements; 188.5 KiB, 140.5 KiB with kVSplit 2):
 //   kq [2][128][136]   rows 0-63 K, rows 64-127 Q of the chunk; two buffers: chunk c+1's cp.async
 //                      loads run during chunk c
-//   v  [2][64][136]    V, overwritten in place by W
+//   v  [2][64][kCols + 8]   this CTA's V columns, overwritten in place by W
 //   state [128][kCols + 8]  bf16 copy of S (the B operand of K.S and Q.S)
-//   vd, vd_decayed [64][kCols + 8]   Vd and rho (.) Vd  (V/W buffers also kCols + 8 wide)
+//   vd, vd_decayed [64][kCols + 8]   Vd and rho (.) Vd
 //   p, ag [64][72]  G (.) QK^T and G (.) A_r (.) 1 beta^T
 //   gcum, beta [64] fp32   (gcum in log2 units: every decay factor below is one ex2)
 // Per chunk (g = inclusive cumsum of the gates, gamma = g_last, Gamma = diag(e^g),
