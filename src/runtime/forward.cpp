@@ -109,7 +109,6 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream) {
-  p.v_split = choose_v_split(p.cp_pass == kern::kNoCp ? p.num_seqs : p.max_segments, p.num_v_heads);
   if (p.cp_pass != kern::kNoCp) {
     const bool bf16 = elem == kern::ElemKind::kBF16;
     if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -119,11 +118,13 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
       return s;
     p.cp_pass = kern::kCpStatePass;
     p.chunk_states = nullptr;
+    p.v_split = choose_v_split(2 * p.max_segments, p.num_v_heads);  // S* and M CTAs (gridDim.z = 2)
     if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
     if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }
   p.chunk_states = chunk_states;
+  p.v_split = choose_v_split(p.cp_pass == kern::kNoCp ? p.num_seqs : p.max_segments, p.num_v_heads);
   return launch_fused_forward(p, elem, inverse, stream);
 }
 

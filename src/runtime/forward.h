@@ -42,7 +42,7 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
 Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
                unsigned char* workspace, cudaStream_t stream);
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
-// windows, the state pass, the correction and the main pass; the fused kernel's V split chosen here. chunk_states (the backward's pre-pass)
+// windows, the state pass, the correction and the main pass. Each pass's V split is chosen here. chunk_states (the backward's pre-pass)
 // is written by the pass that runs whole sequences or segments from their true entering states.
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream);

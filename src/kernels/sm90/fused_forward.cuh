@@ -25,11 +25,11 @@
 // rho = e^{gamma - g}, G[s,t] = e^{g_s - g_t} for s >= t):
 //   P          [64,64]   = G (.) Q[64,128] @ K^T[128,64]                 all warps, [16,32] tiles
 //   Ag         [64,64]   = G (.) A_r (.) 1 beta^T                        elementwise, A_r from HBM
-//   [U; QS]    [128,128] = [K; Q][128,128] @ S[128,128]                  all warps
-//   W          [64,128]  = V - Gamma U                                   warps 0,1,4,5
-//   Vd         [64,128]  = Ag[64,64] @ W[64,128]                         warps 0,1,4,5
-//   O          [64,128]  = scale (Gamma QS + P[64,64] @ Vd[64,128])      warps 2,3,6,7
-//   S          [128,128] = e^gamma S + K^T[128,64] @ (rho (.) Vd)[64,128] all warps
+//   [U; QS]    [128,C]   = [K; Q][128,128] @ S[128,C]                    all warps   (C = kCols)
+//   W          [64,C]    = V - Gamma U                                   warps 0,1,4,5
+//   Vd         [64,C]    = Ag[64,64] @ W[64,C]                           warps 0,1,4,5
+//   O          [64,C]    = scale (Gamma QS + P[64,64] @ Vd[64,C])        warps 2,3,6,7
+//   S          [128,C]   = e^gamma S + K^T[128,64] @ (rho (.) Vd)[64,C]  all warps
 #pragma once
 
 #include "kernels/sm90/params.h"
