@@ -138,12 +138,14 @@ def chunk_gated_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, g, beta, initial_state,
                  cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
                  inverse_fp32: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
-                 context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0) -> None:
+                 context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
+                 v_split: int = 0) -> None:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
     context parallelism). context_parallel: 0 auto, 1 off, 2 on (cp_segment_chunks: segment length in
-    64-token chunks, 0 = the planner's)."""
+    64-token chunks, 0 = the planner's). inverse_fp32 and v_split (0 automatic, 1 or 2: CTAs per
+    (sequence, v-head) of the fused kernel) pin kernel variants for measurements and tests."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -154,12 +156,15 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
         return
+    if v_split not in (0, 1, 2):
+        raise ValueError(f"v_split: must be 0 (automatic), 1 or 2, got {v_split}")
+    variant = int(inverse_fp32) | (int(v_split) << 1)
     nbytes = ctypes.c_size_t(0)
     _lib.check(_lib.lib.flashgdn_forward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_out),
-               int(inverse_fp32), ctypes.byref(nbytes))
+               variant, ctypes.byref(nbytes))
     workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    _lib.check(_lib.lib.flashgdn_forward, ctypes.byref(c_in), ctypes.byref(c_out), int(inverse_fp32),
+    _lib.check(_lib.lib.flashgdn_forward, ctypes.byref(c_in), ctypes.byref(c_out), variant,
                ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
                ctypes.c_void_p(stream))
 

@@ -97,29 +97,31 @@ int flashgdn_has_kernels(void) {
 }
 
 int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
-                                    int inverse_fp32, size_t* bytes, char* msg, int msg_len) {
+                                    int variant, size_t* bytes, char* msg, int msg_len) {
   if (in == nullptr || out == nullptr) return report(null_argument("problem"), msg, msg_len);
   const ForwardProblem p = to_forward(in, out);
   Status s = forward_workspace_size(p, bytes);
 #ifdef FLASHGDN_WITH_KERNELS
-  if (s.ok() && inverse_fp32)
+  if (s.ok() && (variant & 1))
     *bytes = detail::forward_layout(p, kern::InverseKind::kF32).bytes;
 #else
-  (void)inverse_fp32;
+  (void)variant;
 #endif
   return report(s, msg, msg_len);
 }
 
-int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int inverse_fp32,
+int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,
                      void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len) {
   if (in == nullptr || out == nullptr) return report(null_argument("problem"), msg, msg_len);
   const ForwardProblem p = to_forward(in, out);
   auto* cuda_stream = static_cast<cudaStream_t>(stream);
 #ifdef FLASHGDN_WITH_KERNELS
-  const auto inverse = inverse_fp32 ? kern::InverseKind::kF32 : detail::kDefaultInverse;
-  return report(detail::forward_with(p, inverse, workspace, workspace_bytes, cuda_stream), msg, msg_len);
+  detail::ForwardVariant v;
+  v.inverse = (variant & 1) ? kern::InverseKind::kF32 : detail::kDefaultInverse;
+  v.v_split = (variant >> 1) & 3;
+  return report(detail::forward_with(p, v, workspace, workspace_bytes, cuda_stream), msg, msg_len);
 #else
-  (void)inverse_fp32;
+  (void)variant;
   return report(forward(p, workspace, workspace_bytes, cuda_stream), msg, msg_len);
 #endif
 }

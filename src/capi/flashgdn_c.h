@@ -49,10 +49,11 @@ const char* flashgdn_version(void);
 /* 1 when this build has the SM90 kernels. */
 int flashgdn_has_kernels(void);
 
-/* inverse_fp32: store the gate-free inverse in fp32 instead of the default bf16 (for measurements). */
+/* variant (for measurements and tests; 0 = the defaults): bit 0 stores the gate-free inverse in fp32
+ * instead of bf16; bits 1-2 pin the fused kernel's V split (0 automatic, 1 or 2). */
 int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
-                                    int inverse_fp32, size_t* bytes, char* msg, int msg_len);
-int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int inverse_fp32,
+                                    int variant, size_t* bytes, char* msg, int msg_len);
+int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,
                      void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len);
 int flashgdn_backward_workspace_size(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads,
                                      size_t* bytes, char* msg, int msg_len);

@@ -108,7 +108,8 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 }
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                             void* chunk_states, cudaStream_t stream) {
+                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split) {
+  auto split = [&](int64_t items) { return forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads); };
   if (p.cp_pass != kern::kNoCp) {
     const bool bf16 = elem == kern::ElemKind::kBF16;
     if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -118,13 +119,13 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
       return s;
     p.cp_pass = kern::kCpStatePass;
     p.chunk_states = nullptr;
-    p.v_split = choose_v_split(2 * p.max_segments, p.num_v_heads);  // S* and M CTAs (gridDim.z = 2)
+    p.v_split = split(2 * p.max_segments);  // S* and M CTAs (gridDim.z = 2)
     if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
     if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }
   p.chunk_states = chunk_states;
-  p.v_split = choose_v_split(p.cp_pass == kern::kNoCp ? p.num_seqs : p.max_segments, p.num_v_heads);
+  p.v_split = split(p.cp_pass == kern::kNoCp ? p.num_seqs : p.max_segments);
   return launch_fused_forward(p, elem, inverse, stream);
 }
 
@@ -147,9 +148,12 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   return layout;
 }
 
-Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, void* workspace,
+Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant, void* workspace,
                     std::size_t workspace_bytes, cudaStream_t stream) {
   if (auto s = validate_forward(problem, Target::kDevice); !s.ok()) return s;
+  if (variant.v_split < 0 || variant.v_split > 2)
+    return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
+  const kern::InverseKind inverse = variant.inverse;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
@@ -168,7 +172,7 @@ Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, vo
   if (layout.cp.enabled) {
     if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
   }
-  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream); !s.ok()) return s;
+  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split); !s.ok()) return s;
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};
@@ -186,7 +190,7 @@ Status forward_workspace_size(const ForwardProblem& problem, std::size_t* bytes)
 
 Status forward(const ForwardProblem& problem, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream) {
-  return detail::forward_with(problem, detail::kDefaultInverse, workspace, workspace_bytes, stream);
+  return detail::forward_with(problem, {}, workspace, workspace_bytes, stream);
 }
 
 }  // namespace flashgdn

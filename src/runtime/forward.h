@@ -45,7 +45,7 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 // windows, the state pass, the correction and the main pass. Each pass's V split is chosen here. chunk_states (the backward's pre-pass)
 // is written by the pass that runs whole sequences or segments from their true entering states.
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                             void* chunk_states, cudaStream_t stream);
+                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0);
 
 struct ForwardLayout {
   InputLayout inputs;        // chunk offsets, normalised q and k
@@ -57,7 +57,13 @@ struct ForwardLayout {
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);
 
-Status forward_with(const ForwardProblem& problem, kern::InverseKind inverse, void* workspace,
+// Variants that measurements and tests pin (the public entry points use the defaults).
+struct ForwardVariant {
+  kern::InverseKind inverse = kDefaultInverse;
+  int32_t v_split = 0;  // fused kernel's V split: 0 = choose_v_split, else 1 or 2
+};
+
+Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant, void* workspace,
                     std::size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace flashgdn::detail

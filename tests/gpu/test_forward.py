@@ -158,6 +158,32 @@ def test_inverse_storage_precision(seed):
     print("inverse storage -> (o err, state err):", errors)
 
 
+@pytest.mark.parametrize("case", ["batch", "varlen", "v_first_fp16", "cp"])
+def test_v_split_bitwise(seed, case):
+    """Two CTAs per (sequence, v-head), 64 value columns each, give exactly the bits of one CTA with
+    all 128: the same MMAs in the same order per output column (P and Ag are deterministic)."""
+    cu, mode, vk = None, 1, case == "v_first_fp16"
+    x = make_inputs(2, 700, 2, 4, regime="model", dtype=torch.float16 if vk else torch.bfloat16)
+    if case == "varlen":
+        cu = torch.tensor([0, 0, 300, 1400], dtype=torch.int32, device="cuda")
+        x = make_inputs(1, 1400, 2, 4, regime="mixed", N=3)
+    if vk:
+        x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    if case == "cp":
+        mode = 2
+    outs = []
+    for split in (1, 2):
+        N = x["q"].shape[0] if cu is None else cu.numel() - 1
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((N, 4, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5,
+                     False, vk, False, None, mode, 4, -10.0, split)
+        outs.append((o, final))
+    check(x, *outs[1], cu_seqlens=cu, state_v_first=vk)
+    assert torch.equal(outs[0][0], outs[1][0]), "o differs between V split 1 and 2"
+    assert torch.equal(outs[0][1], outs[1][1]), "final state differs between V split 1 and 2"
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)
