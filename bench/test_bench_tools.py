@@ -294,18 +294,6 @@ class Printing(unittest.TestCase):
         self.assertIn("left", stream.getvalue().splitlines()[-1])
 
 
-class OracleCopy(unittest.TestCase):
-    def test_same_functions_as_the_gpu_tests(self):
-        """python/flashgdn/bench/oracle.py is tests/gpu/oracle.py (checked there against the C++
-        reference) under another docstring: the code after the docstring must stay identical."""
-        def body(path):
-            text = path.read_text()
-            return text[text.index("import torch"):]
-        root = HERE.parent
-        self.assertEqual(body(root / "python" / "flashgdn" / "bench" / "oracle.py"),
-                         body(root / "tests" / "gpu" / "oracle.py"))
-
-
 class AnchorWheels(unittest.TestCase):
     """scripts/anchor_wheels.py: packing into groups under a size limit, split wheels re-joined."""
 

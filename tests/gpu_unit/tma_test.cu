@@ -13,6 +13,7 @@
 #include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
+#include "sm90_device.h"
 
 namespace {
 
@@ -50,17 +51,7 @@ __global__ void load_kernel(const __grid_constant__ CUtensorMap map, const uint1
 }  // namespace
 
 int main() {
-  int devices = 0, major = 0, minor = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) {
-    std::printf("compute capability %d.%d, not 9.0: skipped\n", major, minor);
-    return 77;
-  }
+  if (!have_sm90_device()) return kSkipped;
   std::vector<uint16_t> host(kRows * kCols);
   for (int i = 0; i < kRows * kCols; ++i) host[i] = static_cast<uint16_t>(1 + i);  // distinct, non-zero
   uint16_t* global = nullptr;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/sm90/wgmma.cuh"
+#include "sm90_device.h"
 
 namespace {
 
@@ -101,17 +102,7 @@ bool run(const char* name, const __nv_bfloat16* a, const __nv_bfloat16* b, float
 }  // namespace
 
 int main() {
-  int devices = 0, major = 0, minor = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) {
-    std::printf("compute capability %d.%d, not 9.0: skipped\n", major, minor);
-    return 77;
-  }
+  if (!have_sm90_device()) return kSkipped;
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal;
   std::vector<__nv_bfloat16> a(M * K), b(K * N);

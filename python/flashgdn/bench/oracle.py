@@ -1,10 +1,8 @@
-"""Float64 oracle of the benchmark's accuracy columns, in torch on the GPU (fast enough for 32k tokens).
-
-The same functions as tests/gpu/oracle.py (keep the two identical: the GPU tests check that file's
-forward_f64/backward_f64 against flashgdn's C++ float64 reference, itself checked against the naive
-token recurrence to 1e-12 by the CPU tests); copied into the package so that an installed
-`python -m flashgdn.bench` has it. It evaluates the chunked form of DESIGN §1 in float64
-(backward_f64: its gradients by torch autograd).
+"""Float64 oracle, in torch on the GPU (fast enough for 32k tokens): the benchmark's accuracy columns
+and the GPU tests (tests/gpu/oracle.py re-exports it; test_oracle_matches_reference and
+test_oracle_backward_matches_reference check it against flashgdn's C++ float64 reference, itself
+checked against the naive token recurrence to 1e-12 by the CPU tests). It evaluates the chunked
+form of DESIGN §1 in float64 (backward_f64: its gradients by torch autograd).
 """
 
 import torch

@@ -83,17 +83,61 @@ struct CorrectionStorage {
   float s[kHeadDim * kSliceCols];
 };
 
+// One serial step of a correction: next = base + (apply_m ? M S : 0), with M = m_block or, with
+// kTransposed, its transpose, and S the running [128, 32] slice in smem.s; then S := next, also
+// written to `out`. Thread layout: row k = tid / 2, 16 columns from c0 = 16 * (tid % 2). Every
+// thread of the block calls it with the same apply_m (the barriers inside are block-uniform).
+template <bool kTransposed>
+__device__ __forceinline__ void correction_step(CorrectionStorage& smem, StateBlock base, StateBlock m_block,
+                                                bool apply_m, StateBlock out, int col0) {
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  float next[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) next[i] = base.at(k, col0 + c0 + i);
+  if (apply_m) {
+    for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x) {
+      const int r = e / kHeadDim, c = e % kHeadDim;
+      smem.m[(kTransposed ? c : r) * kPitchM + (kTransposed ? r : c)] = m_block.at(r, c);
+    }
+    __syncthreads();
+    for (int r = 0; r < kHeadDim; ++r) {
+      const float mk = smem.m[k * kPitchM + r];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
+    }
+  }
+  __syncthreads();  // every thread is done reading s (and m)
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    smem.s[k * kSliceCols + c0 + i] = next[i];
+    out.at(k, col0 + c0 + i) = next[i];
+  }
+  __syncthreads();
+}
+
+// The (sequence, v-head, column slice) of a correction CTA and its sequence's segments (the count
+// clamped to the workspace: a device cu_seqlens that disagrees with the host copy must not write
+// past it).
+struct CorrectionSlice {
+  int64_t sequence, first, count;
+  int head, col0;
+};
+__device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams& p) {
+  CorrectionSlice at;
+  at.sequence = blockIdx.x;
+  at.head = blockIdx.y;
+  at.col0 = kSliceCols * blockIdx.z;
+  at.first = first_segment(p, at.sequence);
+  at.count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[at.sequence + 1] - at.first,
+                 p.max_segments - at.first);
+  return at;
+}
+
 __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams p) {
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  const int64_t n = blockIdx.x;
-  const int h = blockIdx.y;
-  const int col0 = kSliceCols * blockIdx.z;
-  const int64_t first = first_segment(p, n);
-  // (clamped to the workspace: a device cu_seqlens that disagrees with the host copy must not write past it)
-  const int64_t count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first,
-                            p.max_segments - first);
+  const auto [n, first, count, h, col0] = correction_slice(p);
   // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
@@ -108,29 +152,9 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
   for (int64_t j = 1; j < count; ++j) {
     const int64_t prev = first + j - 1;
     const bool apply_m = j - 1 > 0 && p.window_chunks[prev * p.num_v_heads + h] == 0;
-    const StateBlock end = segment_state(p.segment_ends, p.num_v_heads, prev, h);
-    float next[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) next[i] = end.at(k, col0 + c0 + i);
-    if (apply_m) {  // block-uniform
-      const StateBlock m = segment_state(p.segment_transitions, p.num_v_heads, prev, h);
-      for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x)
-        smem.m[(e / kHeadDim) * kPitchM + e % kHeadDim] = m.at(e / kHeadDim, e % kHeadDim);
-      __syncthreads();
-      for (int r = 0; r < kHeadDim; ++r) {
-        const float mk = smem.m[k * kPitchM + r];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
-      }
-    }
-    __syncthreads();  // every thread is done reading s (and m)
-    StateBlock start = segment_state(p.segment_starts, p.num_v_heads, first + j, h);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      smem.s[k * kSliceCols + c0 + i] = next[i];
-      start.at(k, col0 + c0 + i) = next[i];
-    }
-    __syncthreads();
+    correction_step<false>(smem, segment_state(p.segment_ends, p.num_v_heads, prev, h),
+                           segment_state(p.segment_transitions, p.num_v_heads, prev, h), apply_m,
+                           segment_state(p.segment_starts, p.num_v_heads, first + j, h), col0);
   }
 }
 
@@ -141,12 +165,7 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const ForwardParams& p = bp.fwd;
-  const int64_t n = blockIdx.x;
-  const int h = blockIdx.y;
-  const int col0 = kSliceCols * blockIdx.z;
-  const int64_t first = first_segment(p, n);
-  const int64_t count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[n + 1] - first,
-                            p.max_segments - first);
+  const auto [n, first, count, h, col0] = correction_slice(p);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
@@ -163,29 +182,9 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
   for (int64_t j = count - 1; j >= 1; --j) {
     const int64_t x = first + j;
     const bool apply_m = p.grad_window_chunks[x * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
-    const StateBlock star = segment_state(bp.segment_grad_starts, p.num_v_heads, x, h);
-    float next[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) next[i] = star.at(k, col0 + c0 + i);
-    if (apply_m) {  // block-uniform; smem.m[a][b] = M[b][a]
-      const StateBlock m = segment_state(p.segment_transitions, p.num_v_heads, x, h);
-      for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x)
-        smem.m[(e % kHeadDim) * kPitchM + e / kHeadDim] = m.at(e / kHeadDim, e % kHeadDim);
-      __syncthreads();
-      for (int r = 0; r < kHeadDim; ++r) {
-        const float mk = smem.m[k * kPitchM + r];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
-      }
-    }
-    __syncthreads();
-    StateBlock end = segment_state(bp.segment_grad_ends, p.num_v_heads, x - 1, h);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      smem.s[k * kSliceCols + c0 + i] = next[i];
-      end.at(k, col0 + c0 + i) = next[i];
-    }
-    __syncthreads();
+    correction_step<true>(smem, segment_state(bp.segment_grad_starts, p.num_v_heads, x, h),
+                          segment_state(p.segment_transitions, p.num_v_heads, x, h), apply_m,
+                          segment_state(bp.segment_grad_ends, p.num_v_heads, x - 1, h), col0);
   }
 }
 
