@@ -29,11 +29,11 @@ class Inputs(ctypes.Structure):
                 ("state_v_first", ctypes.c_int32), ("has_scale", ctypes.c_int32),
                 ("scale", ctypes.c_float), ("use_qk_l2norm_in_kernel", ctypes.c_int32),
                 ("context_parallel", ctypes.c_int32), ("cp_segment_chunks", ctypes.c_int64),
-                ("cp_decay_threshold", ctypes.c_float)]
+                ("cp_decay_threshold", ctypes.c_float), ("initial_state_indices", Tensor)]
 
 
 class ForwardOutputs(ctypes.Structure):
-    _fields_ = [("o", Tensor), ("final_state", Tensor)]
+    _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor)]
 
 
 class BackwardTensors(ctypes.Structure):

@@ -139,20 +139,29 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
                  cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
                  inverse_fp32: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
                  context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
-                 v_split: int = 0) -> None:
+                 v_split: int = 0, initial_state_indices: Optional[torch.Tensor] = None,
+                 final_state_indices: Optional[torch.Tensor] = None) -> None:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
     context parallelism). context_parallel: 0 auto, 1 off, 2 on (cp_segment_chunks: segment length in
     64-token chunks, 0 = the planner's). inverse_fp32 and v_split (0 automatic, 1 or 2: CTAs per
-    (sequence, v-head) of the fused kernel) pin kernel variants for measurements and tests."""
+    (sequence, v-head) of the fused kernel) pin kernel variants for measurements and tests.
+
+    State pools (serving): with initial_state_indices (int32 [N] on the device) initial_state is a
+    pool [P, Hv, K, V] and sequence n starts from slot initial_state_indices[n] (-1: zero); with
+    final_state_indices final_state is a pool (it may be the same tensor) and sequence n's final
+    state goes to slot final_state_indices[n] (-1: not written). A slot written must not be read by
+    another sequence of the call."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
                    cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
+    c_in.initial_state_indices = _tensor(initial_state_indices)
     c_out = _lib.ForwardOutputs()
     c_out.o = _tensor(o)
     c_out.final_state = _tensor(final_state)
+    c_out.final_state_indices = _tensor(final_state_indices)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
         return

@@ -284,7 +284,8 @@ InputArgs input_args(const Inputs& in) {
       {"v", &in.v, 4, {B, T, s.num_v_heads, s.head_dim_v}},
       {"g", &in.g, 3, {B, T, s.num_v_heads, 1}},
       {"beta", &in.beta, 3, {B, T, s.num_v_heads, 1}},
-      {"initial_state", &in.initial_state, 4, {N, s.num_v_heads, rows, cols}},
+      {"initial_state", &in.initial_state, 4,
+       {in.initial_state_indices.present() ? in.initial_state.sizes[0] : N, s.num_v_heads, rows, cols}},
   };
 }
 
@@ -324,11 +325,33 @@ Status check_inputs(const Inputs& in, const InputArgs& a, Target target) {
 
 }  // namespace
 
+// Slot indices of a state pool: int32 [N]; the pool itself must be given.
+Status check_pool_indices(const char* name, const TensorRef& indices, const TensorRef& pool, const char* pool_name,
+                          int64_t N, Target target) {
+  if (!indices.present()) return {};
+  if (target == Target::kHost)
+    return unsupported(cat(name, ": state pools are not supported by the float64 reference"));
+  if (!pool.present()) return invalid(cat(name, ": given, but there is no ", pool_name, " pool to index"));
+  const Arg arg{name, &indices, 1, {N, 1, 1, 1}};
+  if (auto s = check_tensor(arg, true, false, target); !s.ok()) return s;
+  return check_dtype(arg, {DType::kI32});
+}
+
 Status validate_forward(const ForwardProblem& p, Target target) {
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
+  const int64_t N = p.in.num_sequences();
+  if (auto s = check_pool_indices("initial_state_indices", p.in.initial_state_indices, p.in.initial_state,
+                                  "initial_state", N, target);
+      !s.ok())
+    return s;
+  if (auto s = check_pool_indices("final_state_indices", p.final_state_indices, p.final_state, "final_state", N,
+                                  target);
+      !s.ok())
+    return s;
   const Arg o = like("o", &p.o, a.v);
-  const Arg final_state = like("final_state", &p.final_state, a.initial_state);
+  Arg final_state = like("final_state", &p.final_state, a.initial_state);
+  final_state.extents[0] = p.final_state_indices.present() ? p.final_state.sizes[0] : N;
   if (auto s = check_tensor(o, true, true, target); !s.ok()) return s;
   if (auto s = check_tensor(final_state, false, true, target); !s.ok()) return s;
   if (auto s = check_same_dtype(o, a.v); !s.ok()) return s;
@@ -342,6 +365,8 @@ Status validate_forward(const ForwardProblem& p, Target target) {
 }
 
 Status validate_backward(const BackwardProblem& p, Target target) {
+  if (p.in.initial_state_indices.present())
+    return unsupported("initial_state_indices: state pools are forward-only (serving); pass the states");
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
   const Arg d_o = like("do", &p.d_o, a.v);

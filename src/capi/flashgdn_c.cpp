@@ -38,6 +38,7 @@ Inputs to_inputs(const flashgdn_inputs& c) {
   in.g = to_ref(c.g);
   in.beta = to_ref(c.beta);
   in.initial_state = to_ref(c.initial_state);
+  in.initial_state_indices = to_ref(c.initial_state_indices);
   in.state_layout = c.state_v_first ? StateLayout::kVK : StateLayout::kKV;
   if (c.has_scale) in.scale = c.scale;
   in.use_qk_l2norm_in_kernel = c.use_qk_l2norm_in_kernel != 0;
@@ -54,6 +55,7 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.in = to_inputs(*in);
   p.o = to_ref(out->o);
   p.final_state = to_ref(out->final_state);
+  p.final_state_indices = to_ref(out->final_state_indices);
   return p;
 }
 

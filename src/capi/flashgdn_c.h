@@ -35,10 +35,12 @@ typedef struct {
   int32_t context_parallel;   /* 0 auto, 1 off, 2 on (flashgdn::ContextParallel) */
   int64_t cp_segment_chunks;  /* 0: the planner's choice */
   float cp_decay_threshold;   /* 0: the default (-10) */
+  flashgdn_tensor initial_state_indices; /* optional int32 [N]: pool slots of the initial states */
 } flashgdn_inputs;
 
 typedef struct {
   flashgdn_tensor o, final_state;
+  flashgdn_tensor final_state_indices; /* optional int32 [N]: pool slots of the final states */
 } flashgdn_forward_outputs;
 
 typedef struct {

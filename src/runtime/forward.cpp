@@ -164,6 +164,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.o = problem.o.data;
   p.o_strides = row_strides(problem.o);
   p.final_state = static_cast<float*>(problem.final_state.data);
+  p.final_state_slots = static_cast<const int32_t*>(problem.final_state_indices.data);
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
 

@@ -289,6 +289,48 @@ void fuse_grads(Fixture& f, int64_t dk_shift) {
   view(f.bwd.dv, 2 * kHqk * kD);
 }
 
+TEST(Validate, StatePools) {
+  {
+    Fixture f;  // initial states read from a pool of 7 slots, final states written to a pool of 5
+    f.fwd.in.initial_state = tensor(f.arena, DType::kF32, {7, kHv, kD, kD});
+    f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI32, {kB});
+    f.fwd.final_state = tensor(f.arena, DType::kF32, {5, kHv, kD, kD});
+    f.fwd.final_state_indices = tensor(f.arena, DType::kI32, {kB});
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+    f.fwd.final_state = f.fwd.in.initial_state;  // one pool, read and written in place
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  }
+  {
+    Fixture f;
+    f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI64, {kB});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "initial_state_indices");
+  }
+  {
+    Fixture f;
+    f.fwd.final_state_indices = tensor(f.arena, DType::kI32, {kB + 1});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "final_state_indices");
+  }
+  {
+    Fixture f;  // indices without a pool to index
+    f.fwd.in.initial_state = {};
+    f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI32, {kB});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "initial_state_indices");
+  }
+  {
+    Fixture f;  // without indices the states must have one row per sequence
+    f.fwd.final_state = tensor(f.arena, DType::kF32, {5, kHv, kD, kD});
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "final_state");
+  }
+  {
+    Fixture f;  // the float64 reference and the backward take no pools
+    f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI32, {kB});
+    expect_error(detail::validate_forward(f.fwd, detail::Target::kHost), StatusCode::kNotSupported,
+                 "initial_state_indices");
+    f.bwd.in.initial_state_indices = f.fwd.in.initial_state_indices;
+    expect_error(validate_backward(f.bwd), StatusCode::kNotSupported, "initial_state_indices");
+  }
+}
+
 TEST(Validate, ContextParallelismOptions) {
   {
     Fixture f;

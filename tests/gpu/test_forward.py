@@ -184,6 +184,30 @@ def test_v_split_bitwise(seed, case):
     assert torch.equal(outs[0][1], outs[1][1]), "final state differs between V split 1 and 2"
 
 
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_state_pools(seed, context_parallel):
+    """Initial states read from pool slots and final states written to pool slots (one pool, in
+    place, disjoint read and write slots), -1 meaning a zero start / no write; with and without CP."""
+    lengths = [300, 0, 1000, 65]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, int(cu[-1]) + 7, 2, 4, regime="mixed", N=len(lengths), initial_state=False)
+    pool = torch.randn(7, 4, 128, 128, device="cuda")
+    read = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device="cuda")
+    write = torch.tensor([6, 2, -1, 1], dtype=torch.int32, device="cuda")
+    before = pool.clone()
+    o = torch.full_like(x["v"], float("nan"))
+    forward_into(o, pool, x["q"], x["k"], x["v"], x["g"], x["beta"], pool, cu, 128 ** -0.5, False, False, False,
+                 None, context_parallel, 4, -10.0, 0, read, write)
+    h0 = torch.stack([before[i] if i >= 0 else torch.zeros_like(before[0]) for i in read.tolist()])
+    ref_o, ref_final = forward_f64(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, h0, cu)
+    assert rel_l2(o, ref_o) <= O_TOL
+    for n, slot in enumerate(write.tolist()):
+        if slot >= 0:
+            assert rel_l2(pool[slot], ref_final[n]) <= STATE_TOL, f"sequence {n}'s final state in slot {slot}"
+    for slot in (0, 3, 4, 5):  # read or untouched slots keep their values
+        assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)

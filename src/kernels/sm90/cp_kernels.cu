@@ -141,9 +141,9 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
   // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
-  const StateBlock h0 = user_state(p.initial_state, p.initial_state_strides, p.state_vk, n, h);
+  const StateBlock h0 = sequence_initial_state(p, n, h);
   StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
-                                     : user_state(p.final_state, p.final_state_strides, p.state_vk, n, h);
+                                     : sequence_final_state(p, n, h);
   if (first_start.base != nullptr) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)

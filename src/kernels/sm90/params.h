@@ -33,6 +33,8 @@ struct ForwardParams {
   int64_t initial_state_strides[4] = {0, 0, 0, 0};
   int64_t final_state_strides[4] = {0, 0, 0, 0};
   bool state_vk = false;
+  const int32_t* initial_state_slots = nullptr;  // pools: [N] slot per sequence, -1 = zero start
+  const int32_t* final_state_slots = nullptr;    // pools: [N] slot per sequence, -1 = not written
 
   // Problem.
   int64_t batch = 1, seqlen = 0, num_seqs = 0;

@@ -86,6 +86,16 @@ __device__ __forceinline__ StateBlock user_state(const float* states, const int6
   float* base = const_cast<float*>(states) + n * strides[0] + h * strides[1];
   return vk ? StateBlock{base, strides[3], strides[2]} : StateBlock{base, strides[2], strides[3]};
 }
+// Sequence n's initial / final state: row n of the states tensor, or its pool slot (none for -1).
+__device__ __forceinline__ StateBlock sequence_initial_state(const ForwardParams& p, int64_t n, int h) {
+  const int64_t slot = p.initial_state_slots == nullptr ? n : p.initial_state_slots[n];
+  return slot < 0 ? StateBlock{} : user_state(p.initial_state, p.initial_state_strides, p.state_vk, slot, h);
+}
+__device__ __forceinline__ StateBlock sequence_final_state(const ForwardParams& p, int64_t n, int h) {
+  const int64_t slot = p.final_state_slots == nullptr ? n : p.final_state_slots[n];
+  return slot < 0 ? StateBlock{} : user_state(p.final_state, p.final_state_strides, p.state_vk, slot, h);
+}
+
 // Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer.
 __device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h) {
   return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), kHeadDim, 1};
@@ -159,8 +169,8 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.bos = seq.bos;
     item.eos = seq.eos;
     item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
-    item.initial = user_state(p.initial_state, p.initial_state_strides, p.state_vk, x, h);
-    item.final = user_state(p.final_state, p.final_state_strides, p.state_vk, x, h);
+    item.initial = sequence_initial_state(p, x, h);
+    item.final = sequence_final_state(p, x, h);
     item.write_o = p.o != nullptr;
     return item;
   }
@@ -180,8 +190,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.valid = true;
     item.bos = z == 0 && window != 0 ? at.eos - window * kChunk : at.bos;
     if (z == 0) {
-      if (window == 0 && at.index == 0)
-        item.initial = user_state(p.initial_state, p.initial_state_strides, p.state_vk, n, h);
+      if (window == 0 && at.index == 0) item.initial = sequence_initial_state(p, n, h);
       item.final = segment_state(p.segment_ends, p.num_v_heads, x, h);
     } else {
       item.initial_identity = true;
@@ -192,7 +201,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.valid = true;
     item.bos = at.bos;
     item.initial = segment_state(p.segment_starts, p.num_v_heads, x, h);
-    if (at.last()) item.final = user_state(p.final_state, p.final_state_strides, p.state_vk, n, h);
+    if (at.last()) item.final = sequence_final_state(p, n, h);
     item.write_o = p.o != nullptr;
   }
   item.first_chunk_id = first_chunk(p, n) + (item.bos - at.seq.bos) / kChunk;
