@@ -86,6 +86,13 @@ struct ForwardProblem {
   // -1 = not written. A slot written must not be a slot another sequence reads (not checked: the
   // indices live on the device).
   TensorRef final_state_indices;
+  // Optional state checkpoints for prefix caching: with checkpoint_chunks = n >= 1, the state after
+  // every n * 64 tokens of each sequence (t = j n 64 <= length, j >= 1) goes to checkpoints
+  // [C, Hv, ...] (fp32, states layout) at row first(i) + j - 1, where first(i) is the sum over the
+  // earlier sequences of floor(length / (n 64)); C = batch * floor(seqlen / (n 64)) in batch mode,
+  // floor(seqlen / (n 64)) in varlen mode (a bound: rows past the total are not written).
+  TensorRef checkpoints;
+  int64_t checkpoint_chunks = 0;
 };
 
 struct BackwardProblem {

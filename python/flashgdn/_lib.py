@@ -33,7 +33,8 @@ class Inputs(ctypes.Structure):
 
 
 class ForwardOutputs(ctypes.Structure):
-    _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor)]
+    _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor), ("checkpoints", Tensor),
+                ("checkpoint_chunks", ctypes.c_int64)]
 
 
 class BackwardTensors(ctypes.Structure):

@@ -349,6 +349,17 @@ Status validate_forward(const ForwardProblem& p, Target target) {
                                   target);
       !s.ok())
     return s;
+  Arg checkpoints = like("checkpoints", &p.checkpoints, a.initial_state);
+  if (p.checkpoints.present() || p.checkpoint_chunks != 0) {
+    if (p.checkpoint_chunks < 1 || !p.checkpoints.present())
+      return invalid(cat("checkpoints: give both the buffer and checkpoint_chunks >= 1 (got ", p.checkpoint_chunks, ")"));
+    const Shape& s = p.in.shape;
+    const int64_t per_entry = s.seqlen / (64 * p.checkpoint_chunks);
+    checkpoints.extents[0] = p.in.varlen.present() ? per_entry : s.batch * per_entry;
+    if (auto st = check_tensor(checkpoints, true, true, target); !st.ok()) return st;
+    if (auto st = check_dtype(checkpoints, {DType::kF32}); !st.ok()) return st;
+    if (target == Target::kHost) return unsupported("checkpoints: not supported by the float64 reference");
+  }
   const Arg o = like("o", &p.o, a.v);
   Arg final_state = like("final_state", &p.final_state, a.initial_state);
   final_state.extents[0] = p.final_state_indices.present() ? p.final_state.sizes[0] : N;
@@ -360,7 +371,7 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
     return invalid("final_state: dtype must be a floating type");
   }
-  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {o, final_state},
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {o, final_state, checkpoints},
                         {a.initial_state.name, final_state.name});
 }
 

@@ -56,6 +56,8 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.o = to_ref(out->o);
   p.final_state = to_ref(out->final_state);
   p.final_state_indices = to_ref(out->final_state_indices);
+  p.checkpoints = to_ref(out->checkpoints);
+  p.checkpoint_chunks = out->checkpoint_chunks;
   return p;
 }
 

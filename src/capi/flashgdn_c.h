@@ -41,6 +41,8 @@ typedef struct {
 typedef struct {
   flashgdn_tensor o, final_state;
   flashgdn_tensor final_state_indices; /* optional int32 [N]: pool slots of the final states */
+  flashgdn_tensor checkpoints;         /* optional fp32 states every checkpoint_chunks chunks */
+  int64_t checkpoint_chunks;
 } flashgdn_forward_outputs;
 
 typedef struct {

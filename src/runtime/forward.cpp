@@ -144,6 +144,10 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
   layout.cp = decide_cp(in);
   if (layout.cp.enabled) offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
+  if (problem.checkpoints.present() && in.varlen.present()) {
+    layout.checkpoint_offsets = offset;
+    offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
+  }
   layout.bytes = offset;
   return layout;
 }
@@ -165,6 +169,15 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.o_strides = row_strides(problem.o);
   p.final_state = static_cast<float*>(problem.final_state.data);
   p.final_state_slots = static_cast<const int32_t*>(problem.final_state_indices.data);
+  if (problem.checkpoints.present()) {
+    p.checkpoints = static_cast<float*>(problem.checkpoints.data);
+    for (int i = 0; i < 4; ++i) p.checkpoint_strides[i] = problem.checkpoints.strides[i];
+    p.checkpoint_chunks = problem.checkpoint_chunks;
+    if (problem.in.varlen.present()) {
+      p.checkpoint_offsets = reinterpret_cast<int32_t*>(ws + layout.checkpoint_offsets);
+      if (auto s = cuda_status(kern::launch_checkpoint_offsets(p, stream), "checkpoint_offsets"); !s.ok()) return s;
+    }
+  }
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
 

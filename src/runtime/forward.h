@@ -52,6 +52,7 @@ struct ForwardLayout {
   std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
   CpDecision cp;
   CpRegions cp_regions;
+  std::size_t checkpoint_offsets = 0;  // int32 [N + 1], varlen with checkpoints
   std::size_t bytes = 0;
 };
 

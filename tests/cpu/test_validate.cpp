@@ -331,6 +331,21 @@ TEST(Validate, StatePools) {
   }
 }
 
+TEST(Validate, StateCheckpoints) {
+  {
+    Fixture f;  // every 128 tokens of T = 100: no boundary fits, zero rows per sequence
+    f.fwd.checkpoint_chunks = 2;
+    f.fwd.checkpoints = tensor(f.arena, DType::kF32, {0, kHv, kD, kD});
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+    f.fwd.checkpoint_chunks = 1;  // every 64 tokens: one row per sequence
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "checkpoints");
+    f.fwd.checkpoints = tensor(f.arena, DType::kF32, {kB, kHv, kD, kD});
+    EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+    f.fwd.checkpoint_chunks = 0;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "checkpoints");
+  }
+}
+
 TEST(Validate, ContextParallelismOptions) {
   {
     Fixture f;

@@ -208,6 +208,31 @@ def test_state_pools(seed, context_parallel):
         assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
 
 
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_state_checkpoints(seed, context_parallel):
+    """The state after every 128 tokens of each sequence, in the documented rows, equal to a fresh
+    call's final state on that prefix; rows past the total untouched; with and without CP."""
+    lengths, every = [130, 0, 640, 300, 64], 2  # chunks between checkpoints
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    T = int(cu[-1]) + 300
+    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    ckpt = torch.full((T // (64 * every), 4, 128, 128), float("nan"), device="cuda")
+    o = torch.full_like(x["v"], float("nan"))
+    forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5, False,
+                 False, False, None, context_parallel, 4, -10.0, 0, None, None, ckpt, every)
+    row = 0
+    for i, length in enumerate(lengths):
+        bos = int(cu[i])
+        for j in range(1, length // (64 * every) + 1):
+            end = bos + j * 64 * every
+            prefix = {n: x[n][:, bos:end] for n in ("q", "k", "v", "g", "beta")}
+            _, ref_final = forward_f64(**prefix, scale=128 ** -0.5, initial_state=x["initial_state"][i:i + 1])
+            err = rel_l2(ckpt[row], ref_final[0])
+            assert err <= STATE_TOL, f"checkpoint {j} of sequence {i} (row {row}): rel L2 {err:.2e}"
+            row += 1
+    assert torch.isnan(ckpt[row:]).all(), "rows past the last checkpoint must stay untouched"
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)

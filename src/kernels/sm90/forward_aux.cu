@@ -35,8 +35,10 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
   store_pair(out + 2, x[2] * inv, x[3] * inv);
 }
 
-// offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / chunks_per_item): chunks (1) or CP segments.
-__global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item) {
+// offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / chunks_per_item): chunks (1) or CP segments;
+// with whole_items, sum_{j < i} floor(len_j / (64 chunks_per_item)): state checkpoints.
+__global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item,
+                                    bool whole_items) {
   __shared__ int32_t carry;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -44,8 +46,10 @@ __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int
     const int64_t i = base + threadIdx.x;
     int32_t chunks = 0;  // items of sequence i - 1 (exclusive prefix)
     if (i >= 1 && i <= p.num_seqs) {
-      const int64_t seq_chunks = (cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1) + kChunk - 1) / kChunk;
-      chunks = static_cast<int32_t>((seq_chunks + chunks_per_item - 1) / chunks_per_item);
+      const int64_t length = cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1);
+      const int64_t seq_chunks = (length + kChunk - 1) / kChunk;
+      chunks = static_cast<int32_t>(whole_items ? length / (kChunk * chunks_per_item)
+                                                : (seq_chunks + chunks_per_item - 1) / chunks_per_item);
     }
     // Block-wide inclusive scan of `chunks` (Hillis-Steele through shared memory).
     __shared__ int32_t scan[1024];
@@ -99,12 +103,17 @@ template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, in
                                                         int64_t, int64_t, void*, cudaStream_t);
 
 cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream) {
-  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.chunk_offsets, 1);
+  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.chunk_offsets, 1, false);
   return cudaGetLastError();
 }
 
 cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream) {
-  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.segment_offsets, p.segment_chunks);
+  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.segment_offsets, p.segment_chunks, false);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream) {
+  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.checkpoint_offsets, p.checkpoint_chunks, true);
   return cudaGetLastError();
 }
 

@@ -315,6 +315,15 @@ struct FusedForward {
       warp_gemm<2, kNT, Stored::kTransposed, Stored::kRowMajor>(state, kq, kPitch, s.vd_decayed, kPitchV, m0,
                                                                 n0, kChunk);
       store_state_copy(s, state, m0, n0);  // GEMM1 of this chunk read the old copy two barriers ago
+      if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0) {
+        StateBlock out = checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) out.at(acc_row(m0, i, e), v0 + acc_col(n0, j, e)) = state[i][j][e];
+      }
     }
 
     if (item.final.base != nullptr) {

@@ -22,6 +22,9 @@ cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream);
 // segment_offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / segment_chunks) (varlen CP only).
 cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream);
 
+// checkpoint_offsets[i] = sum_{j < i} floor(len_j / (64 checkpoint_chunks)) (varlen checkpoints).
+cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream);
+
 // CP: decay window of every (segment, v-head) into windows: trailing chunks (forward) or leading
 // chunks (backward) whose summed log map-norm bound reaches decay_threshold; 0 without one.
 template <ElemKind E>

@@ -33,6 +33,10 @@ struct ForwardParams {
   int64_t initial_state_strides[4] = {0, 0, 0, 0};
   int64_t final_state_strides[4] = {0, 0, 0, 0};
   bool state_vk = false;
+  float* checkpoints = nullptr;                  // state every checkpoint_chunks chunks (fp32, states layout)
+  int64_t checkpoint_strides[4] = {0, 0, 0, 0};
+  int64_t checkpoint_chunks = 0;
+  int32_t* checkpoint_offsets = nullptr;         // varlen: first checkpoint row of each sequence (N + 1)
   const int32_t* initial_state_slots = nullptr;  // pools: [N] slot per sequence, -1 = zero start
   const int32_t* final_state_slots = nullptr;    // pools: [N] slot per sequence, -1 = not written
 

@@ -96,6 +96,13 @@ __device__ __forceinline__ StateBlock sequence_final_state(const ForwardParams& 
   return slot < 0 ? StateBlock{} : user_state(p.final_state, p.final_state_strides, p.state_vk, slot, h);
 }
 
+// Checkpoint j (the state after (j + 1) * checkpoint_chunks chunks) of sequence n.
+__device__ __forceinline__ StateBlock checkpoint_state(const ForwardParams& p, int64_t n, int64_t j, int h) {
+  const int64_t first = p.cu_seqlens == nullptr ? n * (p.seqlen / (kChunk * p.checkpoint_chunks))
+                                                : p.checkpoint_offsets[n];
+  return user_state(p.checkpoints, p.checkpoint_strides, p.state_vk, first + j, h);
+}
+
 // Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer.
 __device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h) {
   return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), kHeadDim, 1};
@@ -112,6 +119,9 @@ struct WorkItem {
   StateBlock final;             // null: not written
   bool zero_v = false;          // V read as zeros (the transition M of a segment)
   bool write_o = false;
+  bool write_checkpoints = false;
+  int64_t sequence = 0;         // the sequence the tokens belong to
+  int64_t chunks_before = 0;    // chunks of that sequence before bos
 };
 
 // Segment x (CP): its sequence n, index j among the num_segments of n, and its tokens.
@@ -172,6 +182,8 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.initial = sequence_initial_state(p, x, h);
     item.final = sequence_final_state(p, x, h);
     item.write_o = p.o != nullptr;
+    item.write_checkpoints = p.checkpoints != nullptr;
+    item.sequence = x;
     return item;
   }
   const SegmentLocation at = locate_segment(p, x);
@@ -203,8 +215,11 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.initial = segment_state(p.segment_starts, p.num_v_heads, x, h);
     if (at.last()) item.final = sequence_final_state(p, n, h);
     item.write_o = p.o != nullptr;
+    item.write_checkpoints = p.checkpoints != nullptr;
   }
-  item.first_chunk_id = first_chunk(p, n) + (item.bos - at.seq.bos) / kChunk;
+  item.sequence = n;
+  item.chunks_before = (item.bos - at.seq.bos) / kChunk;
+  item.first_chunk_id = first_chunk(p, n) + item.chunks_before;
   return item;
 }
 
