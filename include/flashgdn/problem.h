@@ -83,8 +83,8 @@ struct ForwardProblem {
   TensorRef final_state;  // optional output, fp32, states layout: [N, ...], or a pool [P, ...] written
                           // through final_state_indices; may alias in.initial_state exactly
   // Optional, int32 [N] on the device: the pool slot each sequence's final state is written to;
-  // -1 = not written. A slot written must not be a slot another sequence reads (not checked: the
-  // indices live on the device).
+  // -1 = not written. Slots must lie in [-1, P); a slot written must be neither read by another
+  // sequence nor written by two (not checked: the indices live on the device).
   TensorRef final_state_indices;
   // Optional state checkpoints for prefix caching: with checkpoint_chunks = n >= 1, the state after
   // every n * 64 tokens of each sequence (t = j n 64 <= length, j >= 1) goes to checkpoints

@@ -334,6 +334,8 @@ Status check_pool_indices(const char* name, const TensorRef& indices, const Tens
   if (!pool.present()) return invalid(cat(name, ": given, but there is no ", pool_name, " pool to index"));
   const Arg arg{name, &indices, 1, {N, 1, 1, 1}};
   if (auto s = check_tensor(arg, true, false, target); !s.ok()) return s;
+  if (N > 1 && indices.strides[0] != 1)
+    return invalid(cat(name, ": must be contiguous (stride 1), got stride ", indices.strides[0]));
   return check_dtype(arg, {DType::kI32});
 }
 
@@ -351,10 +353,11 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     return s;
   Arg checkpoints = like("checkpoints", &p.checkpoints, a.initial_state);
   if (p.checkpoints.present() || p.checkpoint_chunks != 0) {
-    if (p.checkpoint_chunks < 1 || !p.checkpoints.present())
-      return invalid(cat("checkpoints: give both the buffer and checkpoint_chunks >= 1 (got ", p.checkpoint_chunks, ")"));
+    if (p.checkpoint_chunks < 1 || p.checkpoint_chunks > (int64_t{1} << 24) || !p.checkpoints.present())
+      return invalid(cat("checkpoints: give both the buffer and checkpoint_chunks in [1, 2^24] (got ",
+                         p.checkpoint_chunks, ")"));
     const Shape& s = p.in.shape;
-    const int64_t per_entry = s.seqlen / (64 * p.checkpoint_chunks);
+    const int64_t per_entry = s.seqlen / 64 / p.checkpoint_chunks;
     checkpoints.extents[0] = p.in.varlen.present() ? per_entry : s.batch * per_entry;
     if (auto st = check_tensor(checkpoints, true, true, target); !st.ok()) return st;
     if (auto st = check_dtype(checkpoints, {DType::kF32}); !st.ok()) return st;
@@ -371,8 +374,10 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
     return invalid("final_state: dtype must be a floating type");
   }
-  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {o, final_state, checkpoints},
-                        {a.initial_state.name, final_state.name});
+  const Arg initial_indices{"initial_state_indices", &p.in.initial_state_indices, 1, {N, 1, 1, 1}};
+  const Arg final_indices{"final_state_indices", &p.final_state_indices, 1, {N, 1, 1, 1}};
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, initial_indices, final_indices},
+                        {o, final_state, checkpoints}, {a.initial_state.name, final_state.name});
 }
 
 Status validate_backward(const BackwardProblem& p, Target target) {

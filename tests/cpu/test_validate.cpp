@@ -322,6 +322,19 @@ TEST(Validate, StatePools) {
     expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "final_state");
   }
   {
+    Fixture f;  // every second element of an index buffer: the kernels read indices contiguously
+    f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI32, {2 * kB});
+    f.fwd.in.initial_state_indices.sizes[0] = kB;
+    f.fwd.in.initial_state_indices.strides[0] = 2;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "initial_state_indices");
+  }
+  {
+    Fixture f;  // indices written by the call
+    f.fwd.final_state_indices = tensor(f.arena, DType::kI32, {kB});
+    f.fwd.o.data = f.fwd.final_state_indices.data;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "o");
+  }
+  {
     Fixture f;  // the float64 reference and the backward take no pools
     f.fwd.in.initial_state_indices = tensor(f.arena, DType::kI32, {kB});
     expect_error(detail::validate_forward(f.fwd, detail::Target::kHost), StatusCode::kNotSupported,
@@ -342,6 +355,8 @@ TEST(Validate, StateCheckpoints) {
     f.fwd.checkpoints = tensor(f.arena, DType::kF32, {kB, kHv, kD, kD});
     EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
     f.fwd.checkpoint_chunks = 0;
+    expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "checkpoints");
+    f.fwd.checkpoint_chunks = int64_t{1} << 58;  // 64 * n would overflow
     expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "checkpoints");
   }
 }

@@ -187,13 +187,14 @@ def test_v_split_bitwise(seed, case):
 @pytest.mark.parametrize("context_parallel", [1, 2])
 def test_state_pools(seed, context_parallel):
     """Initial states read from pool slots and final states written to pool slots (one pool, in
-    place, disjoint read and write slots), -1 meaning a zero start / no write; with and without CP."""
+    place; sequence 0 reads and writes the same slot, as a serving engine does), -1 meaning a zero
+    start / no write; with and without CP."""
     lengths = [300, 0, 1000, 65]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     x = make_inputs(1, int(cu[-1]) + 7, 2, 4, regime="mixed", N=len(lengths), initial_state=False)
     pool = torch.randn(7, 4, 128, 128, device="cuda")
     read = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device="cuda")
-    write = torch.tensor([6, 2, -1, 1], dtype=torch.int32, device="cuda")
+    write = torch.tensor([3, 2, -1, 1], dtype=torch.int32, device="cuda")
     before = pool.clone()
     o = torch.full_like(x["v"], float("nan"))
     forward_into(o, pool, x["q"], x["k"], x["v"], x["g"], x["beta"], pool, cu, 128 ** -0.5, False, False, False,
@@ -204,22 +205,23 @@ def test_state_pools(seed, context_parallel):
     for n, slot in enumerate(write.tolist()):
         if slot >= 0:
             assert rel_l2(pool[slot], ref_final[n]) <= STATE_TOL, f"sequence {n}'s final state in slot {slot}"
-    for slot in (0, 3, 4, 5):  # read or untouched slots keep their values
+    for slot in (0, 4, 5, 6):  # read-only or untouched slots keep their values
         assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
 
 
-@pytest.mark.parametrize("context_parallel", [1, 2])
-def test_state_checkpoints(seed, context_parallel):
-    """The state after every 128 tokens of each sequence, in the documented rows, equal to a fresh
-    call's final state on that prefix; rows past the total untouched; with and without CP."""
-    lengths, every = [130, 0, 640, 300, 64], 2  # chunks between checkpoints
+@pytest.mark.parametrize("context_parallel, every, v_split", [(1, 2, 0), (2, 2, 0), (2, 3, 1), (1, 1, 1)])
+def test_state_checkpoints(seed, context_parallel, every, v_split):
+    """The state after every `every` chunks of each sequence, in the documented rows, equal to a
+    fresh call's final state on that prefix; rows past the total untouched; with and without CP (4-chunk
+    segments, so with every = 3 boundaries fall inside segments), both V splits."""
+    lengths = [130, 0, 640, 300, 64]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     T = int(cu[-1]) + 300
     x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
     ckpt = torch.full((T // (64 * every), 4, 128, 128), float("nan"), device="cuda")
     o = torch.full_like(x["v"], float("nan"))
     forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5, False,
-                 False, False, None, context_parallel, 4, -10.0, 0, None, None, ckpt, every)
+                 False, False, None, context_parallel, 4, -10.0, v_split, None, None, ckpt, every)
     row = 0
     for i, length in enumerate(lengths):
         bos = int(cu[i])
