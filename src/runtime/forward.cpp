@@ -3,6 +3,7 @@
 //
 // Launch sequence:
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
+//   (short sequences, use_recurrent_decode: recurrent_decode and [zero_padding] only)
 //   [chunk_offsets]    only in varlen mode: first global chunk of each sequence
 //   chunk_inverse      A_r per (chunk, v-head) into the workspace
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
@@ -133,12 +134,25 @@ int32_t choose_v_split(int64_t items, int32_t num_v_heads) {
   return items * num_v_heads * 2 <= num_sms() ? 2 : 1;
 }
 
+bool use_recurrent_decode(const ForwardProblem& problem) {
+  const Inputs& in = problem.in;
+  const int64_t sequences = in.num_sequences();
+  if (problem.checkpoints.present() || sequences == 0) return false;
+  return in.varlen.present() ? in.shape.seqlen <= kDecodeTokensPerSequence * sequences
+                             : in.shape.seqlen <= kDecodeTokensPerSequence;
+}
+
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
   ForwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
+  layout.decode = use_recurrent_decode(problem);
+  if (layout.decode) {
+    layout.bytes = offset;
+    return layout;
+  }
   layout.inverse = offset;
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
@@ -182,6 +196,13 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.inverse = ws + layout.inverse;
 
   const kern::ElemKind elem = elem_kind(problem.in);
+  if (layout.decode) {
+    const auto launch_decode = elem == kern::ElemKind::kBF16 ? kern::launch_recurrent_decode<kern::ElemKind::kBF16>
+                                                             : kern::launch_recurrent_decode<kern::ElemKind::kF16>;
+    if (auto s = cuda_status(launch_decode(p, stream), "recurrent_decode"); !s.ok()) return s;
+    return problem.in.varlen.present() ? cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding")
+                                       : Status{};
+  }
   if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
   if (layout.cp.enabled) {
     if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;

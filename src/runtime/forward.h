@@ -47,8 +47,14 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0);
 
+// Short sequences (decoding, speculative verification: at most 8 tokens per sequence on average)
+// run token by token (recurrent_decode.cu) instead of in 64-token chunks.
+inline constexpr int64_t kDecodeTokensPerSequence = 8;
+bool use_recurrent_decode(const ForwardProblem& problem);
+
 struct ForwardLayout {
   InputLayout inputs;        // chunk offsets, normalised q and k
+  bool decode = false;       // use_recurrent_decode: no inverse, no CP
   std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
   CpDecision cp;
   CpRegions cp_regions;

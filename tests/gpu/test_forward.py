@@ -235,6 +235,39 @@ def test_state_checkpoints(seed, context_parallel, every, v_split):
     assert torch.isnan(ckpt[row:]).all(), "rows past the last checkpoint must stay untouched"
 
 
+@pytest.mark.parametrize("case", ["T1", "T3", "T8_gva8_l2norm", "varlen_one_token_pools", "v_first_fp16"])
+def test_recurrent_decode(seed, case):
+    """Short sequences (decoding, speculative verification) take the token-by-token kernel: against
+    the float64 oracle, with pools, GVA, the L2 norm, V-first states and fp16."""
+    if case == "varlen_one_token_pools":  # a decode step of 6 sequences, one token each, state pool
+        N = 6
+        cu = torch.arange(N + 1, dtype=torch.int32, device="cuda")
+        x = make_inputs(1, N, 2, 4, regime="model", N=N, initial_state=False)
+        pool = torch.randn(9, 4, 128, 128, device="cuda")
+        slots = torch.tensor([4, 0, -1, 7, 2, 8], dtype=torch.int32, device="cuda")
+        before = pool.clone()
+        o = torch.full_like(x["v"], float("nan"))
+        forward_into(o, pool, x["q"], x["k"], x["v"], x["g"], x["beta"], pool, cu, 128 ** -0.5, False, False,
+                     False, None, 0, 0, -10.0, 0, slots, slots)
+        h0 = torch.stack([before[i] if i >= 0 else torch.zeros_like(before[0]) for i in slots.tolist()])
+        ref_o, ref_final = forward_f64(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, h0, cu)
+        assert rel_l2(o, ref_o) <= O_TOL
+        for n, slot in enumerate(slots.tolist()):
+            if slot >= 0:
+                assert rel_l2(pool[slot], ref_final[n]) <= STATE_TOL
+        for slot in (1, 3, 5, 6):
+            assert torch.equal(pool[slot], before[slot])
+        return
+    T = {"T1": 1, "T3": 3, "T8_gva8_l2norm": 8, "v_first_fp16": 5}[case]
+    hqk, l2norm, vk = (1, True, False) if case == "T8_gva8_l2norm" else (2, False, case == "v_first_fp16")
+    x = make_inputs(3, T, hqk, 8 if hqk == 1 else 4, regime="mixed", normalize=not l2norm,
+                    dtype=torch.float16 if vk else torch.bfloat16)
+    if vk:
+        x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    o, final = run_poisoned(x, l2norm=l2norm, state_v_first=vk)
+    check(x, o, final, l2norm=l2norm, state_v_first=vk)
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)

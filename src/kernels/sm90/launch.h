@@ -22,6 +22,11 @@ cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream);
 // segment_offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / segment_chunks) (varlen CP only).
 cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream);
 
+// Token-by-token forward of short sequences (decoding, speculative verification): o and the final
+// states, no chunk inverse needed.
+template <ElemKind E>
+cudaError_t launch_recurrent_decode(const ForwardParams& p, cudaStream_t stream);
+
 // checkpoint_offsets[i] = sum_{j < i} floor(len_j / (64 checkpoint_chunks)) (varlen checkpoints).
 cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream);
 
