@@ -61,6 +61,8 @@ grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 
 timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
 note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
+timeout 120 python3 examples/serving.py >"$OUT/serving.log" 2>&1
+note "examples/serving.py rc=$?: $(tail -1 "$OUT/serving.log")"
 
 if [ "$MODE" = cp ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py >"$OUT/fit.log" 2>&1
