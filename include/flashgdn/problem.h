@@ -93,6 +93,10 @@ struct ForwardProblem {
   // floor(seqlen / (n 64)) in varlen mode (a bound: rows past the total are not written).
   TensorRef checkpoints;
   int64_t checkpoint_chunks = 0;
+  // Optional, decode-sized calls only (at most 8 tokens per sequence on average): the state after
+  // every token, fp32 [B * T, Hv, ...] (row b * T + t; the packed token t with cu_seqlens), for
+  // rolling back rejected speculative tokens.
+  TensorRef token_states;
 };
 
 struct BackwardProblem {

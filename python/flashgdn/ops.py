@@ -141,7 +141,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
                  context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
                  v_split: int = 0, initial_state_indices: Optional[torch.Tensor] = None,
                  final_state_indices: Optional[torch.Tensor] = None, checkpoints: Optional[torch.Tensor] = None,
-                 checkpoint_chunks: int = 0) -> None:
+                 checkpoint_chunks: int = 0, token_states: Optional[torch.Tensor] = None) -> None:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
@@ -158,7 +158,11 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     Checkpoints (prefix caching): with checkpoint_chunks = n >= 1 the state after every n * 64
     tokens of each sequence goes to checkpoints [C, Hv, K, V] (fp32), row first(i) + j - 1 for the
     j-th boundary of sequence i, first(i) = sum over earlier sequences of length // (64 n);
-    C = B * (T // (64 n)) in batch mode, T // (64 n) with cu_seqlens."""
+    C = B * (T // (64 n)) in batch mode, T // (64 n) with cu_seqlens.
+
+    token_states (decode-sized calls, at most 8 tokens per sequence on average): the state after
+    every token, fp32 [B * T, Hv, K, V], row b * T + t (the packed token with cu_seqlens), so that
+    rejected speculative tokens can be rolled back."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -170,6 +174,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     c_out.final_state_indices = _tensor(final_state_indices)
     c_out.checkpoints = _tensor(checkpoints)
     c_out.checkpoint_chunks = int(checkpoint_chunks)
+    c_out.token_states = _tensor(token_states)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
         return

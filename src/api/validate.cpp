@@ -363,6 +363,17 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     if (auto st = check_dtype(checkpoints, {DType::kF32}); !st.ok()) return st;
     if (target == Target::kHost) return unsupported("checkpoints: not supported by the float64 reference");
   }
+  Arg token_states = like("token_states", &p.token_states, a.initial_state);
+  token_states.extents[0] = p.in.shape.batch * p.in.shape.seqlen;
+  if (p.token_states.present()) {
+    if (auto st = check_tensor(token_states, true, true, target); !st.ok()) return st;
+    if (auto st = check_dtype(token_states, {DType::kF32}); !st.ok()) return st;
+    if (target == Target::kHost) return unsupported("token_states: not supported by the float64 reference");
+    const int64_t per_sequence = p.in.varlen.present() ? 8 * N : 8;  // runtime/forward.h kDecodeTokensPerSequence
+    if (p.in.shape.seqlen > per_sequence || p.checkpoints.present())
+      return unsupported(cat("token_states: only for decode-sized calls (at most 8 tokens per sequence on average, "
+                             "no checkpoints); seqlen is ", p.in.shape.seqlen));
+  }
   const Arg o = like("o", &p.o, a.v);
   Arg final_state = like("final_state", &p.final_state, a.initial_state);
   final_state.extents[0] = p.final_state_indices.present() ? p.final_state.sizes[0] : N;
@@ -377,7 +388,7 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   const Arg initial_indices{"initial_state_indices", &p.in.initial_state_indices, 1, {N, 1, 1, 1}};
   const Arg final_indices{"final_state_indices", &p.final_state_indices, 1, {N, 1, 1, 1}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, initial_indices, final_indices},
-                        {o, final_state, checkpoints}, {a.initial_state.name, final_state.name});
+                        {o, final_state, checkpoints, token_states}, {a.initial_state.name, final_state.name});
 }
 
 Status validate_backward(const BackwardProblem& p, Target target) {

@@ -58,6 +58,7 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.final_state_indices = to_ref(out->final_state_indices);
   p.checkpoints = to_ref(out->checkpoints);
   p.checkpoint_chunks = out->checkpoint_chunks;
+  p.token_states = to_ref(out->token_states);
   return p;
 }
 

@@ -43,6 +43,7 @@ typedef struct {
   flashgdn_tensor final_state_indices; /* optional int32 [N]: pool slots of the final states */
   flashgdn_tensor checkpoints;         /* optional fp32 states every checkpoint_chunks chunks */
   int64_t checkpoint_chunks;
+  flashgdn_tensor token_states;        /* optional fp32 state after every token (decode-sized calls) */
 } flashgdn_forward_outputs;
 
 typedef struct {

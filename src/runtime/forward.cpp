@@ -183,6 +183,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.o_strides = row_strides(problem.o);
   p.final_state = static_cast<float*>(problem.final_state.data);
   p.final_state_slots = static_cast<const int32_t*>(problem.final_state_indices.data);
+  p.token_states = static_cast<float*>(problem.token_states.data);
+  for (int i = 0; i < 4; ++i) p.token_state_strides[i] = problem.token_states.strides[i];
   if (problem.checkpoints.present()) {
     p.checkpoints = static_cast<float*>(problem.checkpoints.data);
     for (int i = 0; i < 4; ++i) p.checkpoint_strides[i] = problem.checkpoints.strides[i];

@@ -268,6 +268,24 @@ def test_recurrent_decode(seed, case):
     check(x, o, final, l2norm=l2norm, state_v_first=vk)
 
 
+def test_decode_token_states(seed):
+    """A speculative step of 4 tokens per sequence keeps the state after every token (rollback)."""
+    x = make_inputs(3, 4, 2, 4, regime="model")
+    states = torch.full((3 * 4, 4, 128, 128), float("nan"), device="cuda")
+    o = torch.full_like(x["v"], float("nan"))
+    forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                 False, False, False, None, 0, 0, -10.0, 0, None, None, None, 0, states)
+    for b in range(3):
+        for t in range(4):
+            prefix = {n: x[n][b:b + 1, :t + 1] for n in ("q", "k", "v", "g", "beta")}
+            _, ref = forward_f64(**prefix, scale=128 ** -0.5, initial_state=x["initial_state"][b:b + 1])
+            assert rel_l2(states[b * 4 + t], ref[0]) <= STATE_TOL, f"state after token {t} of sequence {b}"
+    with pytest.raises(NotImplementedError, match="token_states"):  # only for decode-sized calls
+        y = make_inputs(1, 100, 2, 4)
+        forward_into(torch.empty_like(y["v"]), None, y["q"], y["k"], y["v"], y["g"], y["beta"], None, None,
+                     0.1, token_states=torch.empty(100, 4, 128, 128, device="cuda"))
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)

@@ -37,6 +37,8 @@ struct ForwardParams {
   int64_t checkpoint_strides[4] = {0, 0, 0, 0};
   int64_t checkpoint_chunks = 0;
   int32_t* checkpoint_offsets = nullptr;         // varlen: first checkpoint row of each sequence (N + 1)
+  float* token_states = nullptr;                 // decode: the state after every token, row b * seqlen + t
+  int64_t token_state_strides[4] = {0, 0, 0, 0};
   const int32_t* initial_state_slots = nullptr;  // pools: [N] slot per sequence, -1 = zero start
   const int32_t* final_state_slots = nullptr;    // pools: [N] slot per sequence, -1 = not written
 

@@ -10,7 +10,8 @@
 //   S[:, v] += beta_t k_t (v_t[v] - u)
 //   o_t[v]  = scale q_t . S[:, v]
 // (q and k are the runtime's L2-normalised copies when the call asks for the norm). Initial and
-// final states go through sequence_initial_state / sequence_final_state (pools, layouts, -1 slots).
+// final states go through sequence_initial_state / sequence_final_state (pools, layouts, -1 slots);
+// with token_states, the state after every token is kept too (speculative decoding's rollback).
 // Bound by the state's HBM traffic (64 KiB read + 64 KiB written per (sequence, v-head)).
 #include <cuda_runtime.h>
 
@@ -66,6 +67,11 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
       out += q[row0 + r] * state[r];
     }
     out += __shfl_xor_sync(0xffffffffu, out, 1);
+    if (p.token_states != nullptr) {  // for rolling back rejected speculative tokens
+      StateBlock after = user_state(p.token_states, p.token_state_strides, p.state_vk, b * p.seqlen + t, h);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) after.at(row0 + r, col) = state[r];
+    }
     if (p.o != nullptr && row0 == 0)
       static_cast<Elem*>(p.o)[b * p.o_strides.batch + t * p.o_strides.token + h * p.o_strides.head + col] =
           to_elem<Elem>(p.scale * out);
