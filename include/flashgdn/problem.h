@@ -63,7 +63,8 @@ struct Inputs {
   TensorRef q, k, v;       // bf16 or fp16 (the reference also takes fp32/fp64); q, k, v share a dtype
   TensorRef g;             // fp32 log-space gate, <= 0 (the reference also takes fp64)
   TensorRef beta;          // fp32 or bf16
-  TensorRef initial_state; // optional, fp32, states layout: [N, ...], or a pool [P, ...] read through
+  TensorRef initial_state; // optional, fp32 or bf16 storage (forward; the backward takes fp32), states
+                           // layout: [N, ...], or a pool [P, ...] read through
                            // initial_state_indices
   // Optional, int32 [N] on the device (forward only): the pool slot of each sequence's initial
   // state in initial_state; -1 = a zero start.
@@ -80,7 +81,7 @@ struct Inputs {
 struct ForwardProblem {
   Inputs in;
   TensorRef o;            // output, dtype of v
-  TensorRef final_state;  // optional output, fp32, states layout: [N, ...], or a pool [P, ...] written
+  TensorRef final_state;  // optional output, fp32 or bf16 storage, states layout: [N, ...], or a pool [P, ...] written
                           // through final_state_indices; may alias in.initial_state exactly
   // Optional, int32 [N] on the device: the pool slot each sequence's final state is written to;
   // -1 = not written. Slots must lie in [-1, P); a slot written must be neither read by another

@@ -77,8 +77,8 @@ def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens):
     if initial_state is not None:
         if initial_state.device != q.device:
             raise ValueError(f"initial_state: on {initial_state.device}, but q is on {q.device}")
-        if cuda and initial_state.dtype != torch.float32:
-            raise TypeError(f"initial_state: dtype must be float32, got {initial_state.dtype}")
+        if cuda and initial_state.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"initial_state: dtype must be float32 or bfloat16, got {initial_state.dtype}")
 
 
 def _num_seqs(q, cu_seqlens):

@@ -304,7 +304,7 @@ Status check_inputs(const Inputs& in, const InputArgs& a, Target target) {
     if (auto s = check_dtype(a.q, {DType::kBF16, DType::kF16}); !s.ok()) return s;
     if (auto s = check_dtype(a.g, {DType::kF32}); !s.ok()) return s;
     if (auto s = check_dtype(a.beta, {DType::kF32, DType::kBF16}); !s.ok()) return s;
-    if (auto s = check_dtype(a.initial_state, {DType::kF32}); !s.ok()) return s;
+    if (auto s = check_dtype(a.initial_state, {DType::kF32, DType::kBF16}); !s.ok()) return s;  // storage
   } else {
     for (const Arg* arg : {&a.q, &a.g, &a.beta, &a.initial_state}) {
       if (arg->ref->present() && !is_float(arg->ref->dtype))
@@ -381,7 +381,7 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   if (auto s = check_tensor(final_state, false, true, target); !s.ok()) return s;
   if (auto s = check_same_dtype(o, a.v); !s.ok()) return s;
   if (target == Target::kDevice) {
-    if (auto s = check_dtype(final_state, {DType::kF32}); !s.ok()) return s;
+    if (auto s = check_dtype(final_state, {DType::kF32, DType::kBF16}); !s.ok()) return s;  // storage
   } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
     return invalid("final_state: dtype must be a floating type");
   }
@@ -394,6 +394,8 @@ Status validate_forward(const ForwardProblem& p, Target target) {
 Status validate_backward(const BackwardProblem& p, Target target) {
   if (p.in.initial_state_indices.present())
     return unsupported("initial_state_indices: state pools are forward-only (serving); pass the states");
+  if (target == Target::kDevice && p.in.initial_state.present() && p.in.initial_state.dtype != DType::kF32)
+    return unsupported("initial_state: the backward takes fp32 states (bf16 state storage is forward-only)");
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
   const Arg d_o = like("do", &p.d_o, a.v);

@@ -104,7 +104,8 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
   p.beta = in.beta.data;
   p.beta_strides = row_strides(in.beta);
   p.beta_is_bf16 = in.beta.dtype == DType::kBF16;
-  p.initial_state = static_cast<const float*>(in.initial_state.data);
+  p.initial_state = in.initial_state.data;
+  p.initial_state_bf16 = in.initial_state.dtype == DType::kBF16;
   p.initial_state_slots = static_cast<const int32_t*>(in.initial_state_indices.data);
   for (int i = 0; i < 4; ++i) p.initial_state_strides[i] = in.initial_state.strides[i];
   p.state_vk = in.state_layout == StateLayout::kVK;

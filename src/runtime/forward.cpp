@@ -181,7 +181,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p); !s.ok()) return s;
   p.o = problem.o.data;
   p.o_strides = row_strides(problem.o);
-  p.final_state = static_cast<float*>(problem.final_state.data);
+  p.final_state = problem.final_state.data;
+  p.final_state_bf16 = problem.final_state.dtype == DType::kBF16;
   p.final_state_slots = static_cast<const int32_t*>(problem.final_state_indices.data);
   p.token_states = static_cast<float*>(problem.token_states.data);
   for (int i = 0; i < 4; ++i) p.token_state_strides[i] = problem.token_states.strides[i];

@@ -156,8 +156,14 @@ TEST(Validate, Dtypes) {
   b.fwd.in.beta.dtype = DType::kF16;
   expect_error(validate_forward(b.fwd), StatusCode::kInvalidArgument, "beta");
   Fixture s;
-  s.fwd.in.initial_state.dtype = DType::kBF16;
+  s.fwd.in.initial_state.dtype = DType::kF16;
   expect_error(validate_forward(s.fwd), StatusCode::kInvalidArgument, "initial_state");
+  Fixture bf16_states;  // bf16 state storage: the forward reads and writes it, the backward refuses it
+  bf16_states.fwd.in.initial_state.dtype = DType::kBF16;
+  bf16_states.fwd.final_state.dtype = DType::kBF16;
+  EXPECT_TRUE(validate_forward(bf16_states.fwd).ok()) << validate_forward(bf16_states.fwd).message();
+  bf16_states.bwd.in.initial_state.dtype = DType::kBF16;
+  expect_error(validate_backward(bf16_states.bwd), StatusCode::kNotSupported, "initial_state");
   Fixture o;
   o.fwd.o.dtype = DType::kF16;
   expect_error(validate_forward(o.fwd), StatusCode::kInvalidArgument, "o");

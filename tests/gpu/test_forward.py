@@ -286,6 +286,20 @@ def test_decode_token_states(seed):
                      0.1, token_states=torch.empty(100, 4, 128, 128, device="cuda"))
 
 
+@pytest.mark.parametrize("path", ["chunked", "cp", "decode"])
+def test_bf16_state_storage(seed, path):
+    """States stored in bf16 (computed in fp32): read from a bf16 initial state, written to a bf16
+    final state, within the oracle tolerances (the oracle starts from the same bf16 values)."""
+    T = 3 if path == "decode" else 1500
+    x = make_inputs(2, T, 2, 4, regime="mixed")
+    x["initial_state"] = x["initial_state"].bfloat16()
+    final = torch.full(x["initial_state"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    o = torch.full_like(x["v"], float("nan"))
+    forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                 False, False, False, None, 2 if path == "cp" else 1, 4)
+    check(x, o, final.float())
+
+
 def test_repeatable(seed):
     x = make_inputs(2, 2000, 2, 4, regime="model")
     o1, f1 = run_poisoned(x)

@@ -93,11 +93,11 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, StateBl
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float next[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) next[i] = base.at(k, col0 + c0 + i);
+  for (int i = 0; i < 16; ++i) next[i] = base.load(k, col0 + c0 + i);
   if (apply_m) {
     for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x) {
       const int r = e / kHeadDim, c = e % kHeadDim;
-      smem.m[(kTransposed ? c : r) * kPitchM + (kTransposed ? r : c)] = m_block.at(r, c);
+      smem.m[(kTransposed ? c : r) * kPitchM + (kTransposed ? r : c)] = m_block.load(r, c);
     }
     __syncthreads();
     for (int r = 0; r < kHeadDim; ++r) {
@@ -110,7 +110,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, StateBl
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     smem.s[k * kSliceCols + c0 + i] = next[i];
-    out.at(k, col0 + c0 + i) = next[i];
+    out.store(k, col0 + c0 + i, next[i]);
   }
   __syncthreads();
 }
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
   if (first_start.base != nullptr) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
-      first_start.at(k, col0 + c0 + i) = h0.base == nullptr ? 0.f : h0.at(k, col0 + c0 + i);
+      first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
   }
   for (int64_t j = 1; j < count; ++j) {
     const int64_t prev = first + j - 1;
@@ -172,12 +172,12 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
     StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
     if (dh0.base != nullptr) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) dh0.at(k, col0 + c0 + i) = dht.base == nullptr ? 0.f : dht.at(k, col0 + c0 + i);
+      for (int i = 0; i < 16; ++i) dh0.store(k, col0 + c0 + i, dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i));
     }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.at(k, col0 + c0 + i);
+  for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
   __syncthreads();
   for (int64_t j = count - 1; j >= 1; --j) {
     const int64_t x = first + j;

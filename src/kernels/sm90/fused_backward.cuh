@@ -264,9 +264,10 @@ struct FusedBackward {
     Elem* du = s.du_do;
     Elem* d_o = s.du_do + kChunk * kPitch;
 
-    float dstate[2][8][4];
+    float dstate[2][8][4];  // gradient states are fp32
+    const float* ds_end = static_cast<const float*>(item.ds_end.base);
     for_each(dstate, sm, sn, [&](int row, int col, float& x) {
-      x = item.ds_end.base == nullptr ? 0.f : item.ds_end.at(row, col);
+      x = ds_end == nullptr ? 0.f : ds_end[row * item.ds_end.k_stride + col * item.ds_end.v_stride];
     });
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -639,8 +640,9 @@ struct FusedBackward {
     }
 
     // Resolved again rather than kept live through the chunk loop (registers are at the limit).
-    if (StateBlock out = backward_item(bp, blockIdx.x, h).ds_start; out.base != nullptr) {
-      for_each(dstate, sm, sn, [&](int row, int col, float& x) { out.at(row, col) = x; });
+    if (const StateBlock out = backward_item(bp, blockIdx.x, h).ds_start; out.base != nullptr) {
+      float* ds_start = static_cast<float*>(out.base);  // gradient states are fp32
+      for_each(dstate, sm, sn, [&](int row, int col, float& x) { ds_start[row * out.k_stride + col * out.v_stride] = x; });
     }
   }
 };

@@ -206,7 +206,7 @@ struct FusedForward {
           const int row = acc_row(m0, i, e), col = v0 + acc_col(n0, j, e);
           state[i][j][e] = item.initial_identity     ? (row == col ? 1.f : 0.f)
                            : item.initial.base == nullptr ? 0.f
-                                                          : item.initial.at(row, col);
+                                                          : item.initial.load(row, col);
         }
     store_state_copy(s, state, m0, n0);
 
@@ -322,7 +322,7 @@ struct FusedForward {
 #pragma unroll
           for (int j = 0; j < kNT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) out.at(acc_row(m0, i, e), v0 + acc_col(n0, j, e)) = state[i][j][e];
+            for (int e = 0; e < 4; ++e) out.store(acc_row(m0, i, e), v0 + acc_col(n0, j, e), state[i][j][e]);
       }
     }
 
@@ -333,7 +333,7 @@ struct FusedForward {
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) final.at(acc_row(m0, i, e), v0 + acc_col(n0, j, e)) = state[i][j][e];
+          for (int e = 0; e < 4; ++e) final.store(acc_row(m0, i, e), v0 + acc_col(n0, j, e), state[i][j][e]);
     }
   }
 };

@@ -27,9 +27,10 @@ struct ForwardParams {
   void* o = nullptr;  // (b, t, hv, 128), dtype of v
   RowStrides o_strides;
 
-  // States (fp32), (n, hv, 128, 128); state_vk: stored [V][K] instead of [K][V].
-  const float* initial_state = nullptr;
-  float* final_state = nullptr;
+  // States (fp32 or bf16 storage), (n, hv, 128, 128); state_vk: stored [V][K] instead of [K][V].
+  const void* initial_state = nullptr;
+  void* final_state = nullptr;
+  bool initial_state_bf16 = false, final_state_bf16 = false;
   int64_t initial_state_strides[4] = {0, 0, 0, 0};
   int64_t final_state_strides[4] = {0, 0, 0, 0};
   bool state_vk = false;

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
   float state[kRows];
   const StateBlock initial = sequence_initial_state(p, n, h);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) state[r] = initial.base == nullptr ? 0.f : initial.at(row0 + r, col);
+  for (int r = 0; r < kRows; ++r) state[r] = initial.base == nullptr ? 0.f : initial.load(row0 + r, col);
 
   for (int64_t t = seq.bos; t < seq.eos; ++t) {
     const int64_t b = seq.batch;
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
     if (p.token_states != nullptr) {  // for rolling back rejected speculative tokens
       StateBlock after = user_state(p.token_states, p.token_state_strides, p.state_vk, b * p.seqlen + t, h);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) after.at(row0 + r, col) = state[r];
+      for (int r = 0; r < kRows; ++r) after.store(row0 + r, col, state[r]);
     }
     if (p.o != nullptr && row0 == 0)
       static_cast<Elem*>(p.o)[b * p.o_strides.batch + t * p.o_strides.token + h * p.o_strides.head + col] =
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
   StateBlock final = sequence_final_state(p, n, h);
   if (final.base != nullptr) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) final.at(row0 + r, col) = state[r];
+    for (int r = 0; r < kRows; ++r) final.store(row0 + r, col, state[r]);
   }
 }
 

@@ -1,6 +1,8 @@
 // Device helpers shared by the forward kernels: where a sequence lies, where a chunk lies.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "kernels/sm90/params.h"
@@ -70,30 +72,45 @@ __device__ __forceinline__ int64_t first_segment(const ForwardParams& p, int64_t
   return p.cu_seqlens == nullptr ? n * segments_per_batch_entry(p) : p.segment_offsets[n];
 }
 
-// A square fp32 state block [128][128] in memory: element (k, v) at base[k * k_stride + v * v_stride].
+// A square state block [128][128] in memory, stored in fp32 or bf16 (computed in fp32): element
+// (k, v) at base[k * k_stride + v * v_stride].
 struct StateBlock {
-  float* base = nullptr;  // null: absent (zero when read, not written)
+  void* base = nullptr;  // null: absent (zero when read, not written)
+  bool bf16 = false;
   int64_t k_stride = 0, v_stride = 0;
 
-  __device__ float at(int k, int v) const { return base[k * k_stride + v * v_stride]; }
-  __device__ float& at(int k, int v) { return base[k * k_stride + v * v_stride]; }
+  __device__ float load(int k, int v) const {
+    const int64_t at = k * k_stride + v * v_stride;
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[at]) : static_cast<const float*>(base)[at];
+  }
+  __device__ void store(int k, int v, float x) const {
+    const int64_t at = k * k_stride + v * v_stride;
+    if (bf16)
+      static_cast<__nv_bfloat16*>(base)[at] = __float2bfloat16_rn(x);
+    else
+      static_cast<float*>(base)[at] = x;
+  }
 };
 
-// State (n, h) of a user states tensor (KV or VK layout, any strides).
-__device__ __forceinline__ StateBlock user_state(const float* states, const int64_t (&strides)[4], bool vk,
-                                                 int64_t n, int h) {
+// State (n, h) of a user states tensor (KV or VK layout, any strides; fp32 unless bf16).
+__device__ __forceinline__ StateBlock user_state(const void* states, const int64_t (&strides)[4], bool vk,
+                                                 int64_t n, int h, bool bf16 = false) {
   if (states == nullptr) return {};
-  float* base = const_cast<float*>(states) + n * strides[0] + h * strides[1];
-  return vk ? StateBlock{base, strides[3], strides[2]} : StateBlock{base, strides[2], strides[3]};
+  const int64_t offset = n * strides[0] + h * strides[1];
+  void* base = bf16 ? static_cast<void*>(const_cast<__nv_bfloat16*>(static_cast<const __nv_bfloat16*>(states)) + offset)
+                    : static_cast<void*>(const_cast<float*>(static_cast<const float*>(states)) + offset);
+  return vk ? StateBlock{base, bf16, strides[3], strides[2]} : StateBlock{base, bf16, strides[2], strides[3]};
 }
 // Sequence n's initial / final state: row n of the states tensor, or its pool slot (none for -1).
 __device__ __forceinline__ StateBlock sequence_initial_state(const ForwardParams& p, int64_t n, int h) {
   const int64_t slot = p.initial_state_slots == nullptr ? n : p.initial_state_slots[n];
-  return slot < 0 ? StateBlock{} : user_state(p.initial_state, p.initial_state_strides, p.state_vk, slot, h);
+  return slot < 0 ? StateBlock{}
+                  : user_state(p.initial_state, p.initial_state_strides, p.state_vk, slot, h, p.initial_state_bf16);
 }
 __device__ __forceinline__ StateBlock sequence_final_state(const ForwardParams& p, int64_t n, int h) {
   const int64_t slot = p.final_state_slots == nullptr ? n : p.final_state_slots[n];
-  return slot < 0 ? StateBlock{} : user_state(p.final_state, p.final_state_strides, p.state_vk, slot, h);
+  return slot < 0 ? StateBlock{}
+                  : user_state(p.final_state, p.final_state_strides, p.state_vk, slot, h, p.final_state_bf16);
 }
 
 // Checkpoint j (the state after (j + 1) * checkpoint_chunks chunks) of sequence n.
@@ -105,7 +122,7 @@ __device__ __forceinline__ StateBlock checkpoint_state(const ForwardParams& p, i
 
 // Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer.
 __device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h) {
-  return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), kHeadDim, 1};
+  return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), false, kHeadDim, 1};
 }
 
 // What one CTA of the fused forward does: which tokens, from which state, into which state.
