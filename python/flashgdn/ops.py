@@ -292,9 +292,16 @@ def _backward(ctx, grad_o, grad_final):
     if grad_o is None:
         grad_o = torch.zeros_like(v)
     dht = grad_final if ctx.output_final_state and grad_final is not None and grad_final.numel() > 0 else None
+    h0 = initial_state  # the backward takes fp32 states: a bf16-stored initial state is widened
+    if h0 is not None and h0.dtype != torch.float32:
+        h0 = h0.float()
+    if dht is not None and dht.dtype != torch.float32:
+        dht = dht.float()
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
-        q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), initial_state, cu_seqlens, ctx.scale,
+        q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), h0, cu_seqlens, ctx.scale,
         ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp)
+    if initial_state is not None and dh0.dtype != initial_state.dtype:
+        dh0 = dh0.to(initial_state.dtype)
     needs = ctx.needs_input_grad
     grads = [dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
              dg if needs[3] else None, dbeta if needs[4] else None,
@@ -314,7 +321,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     """Gated delta rule, chunked prefill. Drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule.
 
     q, k: [B, T, Hqk, K]; v: [B, T, Hv, V]; g (log-space gate, fp32) and beta: [B, T, Hv];
-    initial_state: [N, Hv, K, V] fp32 ([N, Hv, V, K] with state_v_first); cu_seqlens: [N + 1] offsets of
+    initial_state: [N, Hv, K, V] fp32 or bf16 ([N, Hv, V, K] with state_v_first); cu_seqlens: [N + 1] offsets of
     packed sequences (then B == 1); cu_seqlens_cpu (keyword): an optional host copy of cu_seqlens that
     lets flashgdn check the offsets and plan without a device sync. Returns (o [B, T, Hv, V] in v's
     dtype, final_state or None).

@@ -369,10 +369,13 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     if (auto st = check_tensor(token_states, true, true, target); !st.ok()) return st;
     if (auto st = check_dtype(token_states, {DType::kF32}); !st.ok()) return st;
     if (target == Target::kHost) return unsupported("token_states: not supported by the float64 reference");
-    const int64_t per_sequence = p.in.varlen.present() ? 8 * N : 8;  // runtime/forward.h kDecodeTokensPerSequence
-    if (p.in.shape.seqlen > per_sequence || p.checkpoints.present())
-      return unsupported(cat("token_states: only for decode-sized calls (at most 8 tokens per sequence on average, "
-                             "no checkpoints); seqlen is ", p.in.shape.seqlen));
+    bool decode_sized = p.in.shape.seqlen <= kDecodeTokensPerSequence * (p.in.varlen.present() ? N : 1);
+    if (const int64_t* cu = p.in.varlen.present() ? p.in.varlen.cu_seqlens_host : nullptr)
+      for (int64_t i = 0; i < N; ++i) decode_sized = decode_sized && cu[i + 1] - cu[i] <= kDecodeMaxTokens;
+    if (!decode_sized || p.checkpoints.present())
+      return unsupported(cat("token_states: only for decode-sized calls (at most ", kDecodeTokensPerSequence,
+                             " tokens per sequence on average, none over ", kDecodeMaxTokens,
+                             ", no checkpoints); seqlen is ", p.in.shape.seqlen));
   }
   const Arg o = like("o", &p.o, a.v);
   Arg final_state = like("final_state", &p.final_state, a.initial_state);

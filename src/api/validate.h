@@ -11,6 +11,13 @@ namespace flashgdn::detail {
 // kHost: what the float64 reference takes (any float storage, any positive head dims, any strides).
 enum class Target { kDevice, kHost };
 
+// Calls whose sequences have at most this many tokens on average run the token-by-token decode
+// kernel (runtime/forward.cpp, use_recurrent_decode); token_states exist only there.
+inline constexpr int64_t kDecodeTokensPerSequence = 8;
+// With a host copy of the lengths, the decode kernel also requires every sequence to be at most
+// this long (a long sequence would run serially in one CTA).
+inline constexpr int64_t kDecodeMaxTokens = 64;
+
 Status validate_forward(const ForwardProblem& problem, Target target);
 Status validate_backward(const BackwardProblem& problem, Target target);
 

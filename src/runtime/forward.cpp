@@ -138,8 +138,13 @@ bool use_recurrent_decode(const ForwardProblem& problem) {
   const Inputs& in = problem.in;
   const int64_t sequences = in.num_sequences();
   if (problem.checkpoints.present() || sequences == 0) return false;
-  return in.varlen.present() ? in.shape.seqlen <= kDecodeTokensPerSequence * sequences
-                             : in.shape.seqlen <= kDecodeTokensPerSequence;
+  if (!in.varlen.present()) return in.shape.seqlen <= kDecodeTokensPerSequence;
+  if (in.shape.seqlen > kDecodeTokensPerSequence * sequences) return false;
+  if (const int64_t* cu = in.varlen.cu_seqlens_host) {
+    for (int64_t i = 0; i < sequences; ++i)
+      if (cu[i + 1] - cu[i] > kDecodeMaxTokens) return false;
+  }
+  return true;
 }
 
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {

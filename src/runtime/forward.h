@@ -47,9 +47,9 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0);
 
-// Short sequences (decoding, speculative verification: at most 8 tokens per sequence on average)
-// run token by token (recurrent_decode.cu) instead of in 64-token chunks.
-inline constexpr int64_t kDecodeTokensPerSequence = 8;
+// Short sequences (decoding, speculative verification: at most kDecodeTokensPerSequence tokens per
+// sequence on average, and none longer than kDecodeMaxTokens when the host knows the lengths; see
+// api/validate.h) run token by token (recurrent_decode.cu) instead of in 64-token chunks.
 bool use_recurrent_decode(const ForwardProblem& problem);
 
 struct ForwardLayout {

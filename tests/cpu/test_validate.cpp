@@ -367,6 +367,30 @@ TEST(Validate, StateCheckpoints) {
   }
 }
 
+// A tensor far above the arena (validation never dereferences), for outputs too large for it.
+TensorRef far_tensor(DType dtype, std::initializer_list<int64_t> sizes) {
+  return TensorRef::contiguous(reinterpret_cast<void*>(uintptr_t{1} << 46), dtype, sizes);
+}
+
+TEST(Validate, TokenStates) {
+  Fixture f;  // T = 100 tokens per sequence: not a decode-sized call
+  f.fwd.token_states = far_tensor(DType::kF32, {kB * kT, kHv, kD, kD});
+  expect_error(validate_forward(f.fwd), StatusCode::kNotSupported, "token_states");
+  Fixture d;  // 4 tokens per sequence: decode-sized
+  d.fwd.in.shape.seqlen = 4;
+  for (TensorRef* t : {&d.fwd.in.q, &d.fwd.in.k, &d.fwd.in.v, &d.fwd.o, &d.fwd.in.g, &d.fwd.in.beta}) {
+    const int64_t old_t = t->sizes[1];
+    t->sizes[1] = 4;
+    t->strides[0] = t->strides[0] / old_t * 4;
+  }
+  d.fwd.token_states = far_tensor(DType::kF32, {kB * 4, kHv, kD, kD});
+  EXPECT_TRUE(validate_forward(d.fwd).ok()) << validate_forward(d.fwd).message();
+  d.fwd.token_states.dtype = DType::kBF16;
+  expect_error(validate_forward(d.fwd), StatusCode::kInvalidArgument, "token_states");
+  d.fwd.token_states = far_tensor(DType::kF32, {kB * 4 - 1, kHv, kD, kD});
+  expect_error(validate_forward(d.fwd), StatusCode::kInvalidArgument, "token_states");
+}
+
 TEST(Validate, ContextParallelismOptions) {
   {
     Fixture f;
