@@ -26,6 +26,7 @@
 //   S          [128,128] = e^gamma S + K^T[128,64] @ (rho (.) Vd)[64,128] all warps
 #pragma once
 
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -99,40 +100,6 @@ struct FusedForward {
     cp_async_commit();
   }
 
-  // gcum = log2(e) * inclusive cumsum of the chunk's gates (0 past the valid rows, so
-  // gcum[63] = gamma in log2 units);
-  // beta of each row (0 past the valid rows). Warp 0.
-  static __device__ void load_gates(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0,
-                                    int rows, int h) {
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    float g[2], beta[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = 2 * lane + i;
-      g[i] = 0.f;
-      beta[i] = 0.f;
-      if (row < rows) {
-        const int64_t t = t0 + row;
-        g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-        const int64_t boff = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-        beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[boff])
-                                 : static_cast<const float*>(p.beta)[boff];
-      }
-    }
-    const float pair = g[0] + g[1];
-    float inclusive = pair;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += up;
-    }
-    s.gcum[2 * lane] = inclusive - pair + g[0];
-    s.gcum[2 * lane + 1] = inclusive;
-    s.beta[2 * lane] = beta[0];
-    s.beta[2 * lane + 1] = beta[1];
-  }
-
   // P = G (.) QK^T (lower triangle with diagonal) and Ag = G (.) A_r (.) 1 beta^T.
   static __device__ void gated_chunk_matrices(const ForwardParams& p, SharedStorage& s, int64_t b,
                                               int64_t t0, int rows, int h) {
@@ -202,7 +169,7 @@ struct FusedForward {
       const int rows = static_cast<int>(seq.eos - t0 < kChunk ? seq.eos - t0 : kChunk);
       __syncthreads();  // the previous chunk is done with every buffer
       load_chunk(p, s, b, t0, rows, hk, h);
-      load_gates(p, s, b, t0, rows, h);
+      if (threadIdx.x < 32) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
       if (p.chunk_states != nullptr) save_entering_state(p, s, n, h, c);
       cp_async_wait<0>();
       __syncthreads();
