@@ -50,6 +50,7 @@
 // After the first chunk, dS is d_initial_state. With CP the CTAs are segments (backward_item below).
 #pragma once
 
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -161,9 +162,11 @@ struct FusedBackward {
     x += __shfl_xor_sync(0xffffffffu, x, 16);
     if (threadIdx.x % 32 < 4) dst[col] += x;
   }
-  // Row sums of a [64,128]-tiling product against an Elem tile (x (.) acc, summed over columns).
-  static __device__ __forceinline__ void add_row_dots(float* dst, const Tile64x128& acc, const Elem* x, int m0,
-                                                      int n0, float sign) {
+  // Row sums of a [64,128]-tiling product against an Elem tile (x (.) acc, summed over columns),
+  // times `sign`, added to dst; returns this thread's share of their unscaled total.
+  static __device__ __forceinline__ float add_row_dots(float* dst, const Tile64x128& acc, const Elem* x, int m0,
+                                                       int n0, float sign) {
+    float total = 0.f;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -176,8 +179,10 @@ struct FusedBackward {
           sum += to_float(x[row * kPitch + col]) * acc[i][j][2 * half] +
                  to_float(x[row * kPitch + col + 1]) * acc[i][j][2 * half + 1];
         }
+        total += sum;
         add_row_sum(dst, row, sign * sum);
       }
+    return total;
   }
 
   // K, Q, V, dO rows of the chunk (zero past the valid rows) and the entering state S.
@@ -204,37 +209,6 @@ struct FusedBackward {
       cp_async_16(&s.state[row * kPitch + vec * 8], saved + row * kHeadDim + vec * 8, true);
     }
     cp_async_commit();
-  }
-
-  // gcum (log2 units, inclusive cumsum, flat past the valid rows) and beta; warp 0.
-  static __device__ void load_gates(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0, int rows,
-                                    int h) {
-    const int lane = threadIdx.x;
-    float g[2], beta[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = 2 * lane + i;
-      g[i] = 0.f;
-      beta[i] = 0.f;
-      if (row < rows) {
-        const int64_t t = t0 + row;
-        g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-        const int64_t off = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-        beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
-                                 : static_cast<const float*>(p.beta)[off];
-      }
-    }
-    const float pair = g[0] + g[1];
-    float inclusive = pair;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += up;
-    }
-    s.gcum[2 * lane] = inclusive - pair + g[0];
-    s.gcum[2 * lane + 1] = inclusive;
-    s.beta[2 * lane] = beta[0];
-    s.beta[2 * lane + 1] = beta[1];
   }
 
   // A_r[row][col] (fp32 from the inverse workspace), 0 past the valid rows or above the diagonal.
@@ -276,7 +250,7 @@ struct FusedBackward {
       const int rows = static_cast<int>(item.eos - t0 < kChunk ? item.eos - t0 : kChunk);
       __syncthreads();  // the previous chunk is done with every buffer
       load_chunk(bp, s, b, t0, rows, hk, h, item.first_chunk_id + c);
-      if (warp == 0) load_gates(p, s, b, t0, rows, h);
+      if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
       for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) s.dgs_part[e / kChunk][e % kChunk] = 0.f;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -483,23 +457,7 @@ struct FusedBackward {
         add_row_dots(dgs, dq_acc, q_tile, wm, wn, 1.f);
         __syncwarp();
         {  // a = rowsum(K (.) dK_a): dg_s -= 2a now, + rowsum(K (.) (dK_a + dU S^T)) in phase 5
-          float total = 0.f;
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int row = acc_row(wm, i, 2 * half);
-              float sum = 0.f;
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const int col = acc_col(wn, j, 0);
-                sum += to_float(k_tile[row * kPitch + col]) * dk_acc[i][j][2 * half] +
-                       to_float(k_tile[row * kPitch + col + 1]) * dk_acc[i][j][2 * half + 1];
-              }
-              total += sum;
-              add_row_sum(dgs, row, -2.f * sum);
-              __syncwarp();
-            }
+          float total = add_row_dots(dgs, dk_acc, k_tile, wm, wn, -2.f);
 #pragma unroll
           for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
           if (lane == 0) s.ka_part[warp] = total;

@@ -32,6 +32,7 @@
 //   S          [128,C]   = e^gamma S + K^T[128,64] @ (rho (.) Vd)[64,C]  all warps
 #pragma once
 
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -108,43 +109,6 @@ struct FusedForward {
     cp_async_commit();
   }
 
-  // A chunk's gates in log2 units and its betas (0 past the valid rows), two rows per lane of warp 0:
-  // loaded one chunk ahead, so that their latency stays off the chain.
-  struct ChunkGates {
-    float g[2] = {0.f, 0.f}, beta[2] = {0.f, 0.f};
-  };
-  static __device__ ChunkGates fetch_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h) {
-    ChunkGates gates;
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = 2 * lane + i;
-      if (row < rows) {
-        const int64_t t = t0 + row;
-        gates.g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-        const int64_t boff = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-        gates.beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[boff])
-                                       : static_cast<const float*>(p.beta)[boff];
-      }
-    }
-    return gates;
-  }
-  // gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma), beta.
-  static __device__ void store_gates(SharedStorage& s, const ChunkGates& gates) {
-    const int lane = threadIdx.x % 32;
-    const float pair = gates.g[0] + gates.g[1];
-    float inclusive = pair;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += up;
-    }
-    s.gcum[2 * lane] = inclusive - pair + gates.g[0];
-    s.gcum[2 * lane + 1] = inclusive;
-    s.beta[2 * lane] = gates.beta[0];
-    s.beta[2 * lane + 1] = gates.beta[1];
-  }
-
   // P = G (.) QK^T (lower triangle with diagonal) and Ag = G (.) A_r (.) 1 beta^T.
   static __device__ void gated_chunk_matrices(const ForwardParams& p, SharedStorage& s, const Elem* kq,
                                               int64_t b, int64_t t0, int rows, int h) {
@@ -217,7 +181,7 @@ struct FusedForward {
     };
     if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0, v0);
     ChunkGates gates;  // warp 0: the gates of the chunk about to run
-    if (warp == 0 && num_chunks > 0) gates = fetch_gates(p, b, item.bos, chunk_rows(0), h);
+    if (warp == 0 && num_chunks > 0) gates = fetch_chunk_gates(p, b, item.bos, chunk_rows(0), h);
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(c);
@@ -232,8 +196,8 @@ struct FusedForward {
         cp_async_wait<0>();
       }
       if (warp == 0) {
-        store_gates(s, gates);
-        if (c + 1 < num_chunks) gates = fetch_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
+        store_chunk_gates(s.gcum, s.beta, gates);
+        if (c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
       if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h, v0);
       __syncthreads();

@@ -1,0 +1,58 @@
+// The gates of one chunk, shared by the fused forward and backward kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kernels/sm90/params.h"
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern {
+
+// A chunk's gates in log2 units and its betas, two rows per lane of warp 0 (0 past the valid rows);
+// fetched one chunk ahead by the forward so that their latency stays off its chain.
+struct ChunkGates {
+  float g[2] = {0.f, 0.f}, beta[2] = {0.f, 0.f};
+};
+
+__device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows,
+                                                        int h) {
+  ChunkGates gates;
+  const int lane = threadIdx.x;  // warp 0
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = 2 * lane + i;
+    if (row < rows) {
+      const int64_t t = t0 + row;
+      gates.g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
+      const int64_t off = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+      gates.beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
+                                     : static_cast<const float*>(p.beta)[off];
+    }
+  }
+  return gates;
+}
+
+// Warp 0: gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma
+// in log2 units) and beta, into the kernel's shared arrays gcum[64] and beta[64].
+__device__ __forceinline__ void store_chunk_gates(float* gcum, float* beta, const ChunkGates& gates) {
+  const int lane = threadIdx.x;  // warp 0
+  const float pair = gates.g[0] + gates.g[1];
+  float inclusive = pair;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += up;
+  }
+  gcum[2 * lane] = inclusive - pair + gates.g[0];
+  gcum[2 * lane + 1] = inclusive;
+  beta[2 * lane] = gates.beta[0];
+  beta[2 * lane + 1] = gates.beta[1];
+}
+
+// Both at once (warp 0).
+__device__ __forceinline__ void load_chunk_gates(const ForwardParams& p, float* gcum, float* beta, int64_t b,
+                                                 int64_t t0, int rows, int h) {
+  store_chunk_gates(gcum, beta, fetch_chunk_gates(p, b, t0, rows, h));
+}
+
+}  // namespace flashgdn::kern
