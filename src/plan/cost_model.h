@@ -30,10 +30,12 @@
 // smallest at L = sqrt(lambda_2 N / lambda_1). Once the segments of all heads exceed one wave,
 // the average-load bound takes over and further splitting only adds correction steps.
 //
-// THE DEFAULT COEFFICIENTS ARE UNFITTED PLACEHOLDERS (microseconds, H200-sized guesses from the
-// published anchor timings in research/flashqla.md §7: about 3.3 us per serial chunk-iteration of
-// a fused forward CTA). They are to be replaced by values fitted to flashgdn's kernels measured on
-// the GPU; the structure above is what the planner relies on.
+// The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
+// flashgdn's forward kernels (record: bench/results/2026-11-29_cost_model_1d2c90d.json). The fit
+// has three single-wave experiments, so it cannot separate the per-item constants from the launch:
+// they are folded into launch_us (the fixed price of the three extra CP kernels, about 94 us), and
+// the S* and M passes of a segment, which run side by side, share state_chunk_us. Refit after any
+// change to the fused, state-pass or correction kernels.
 #pragma once
 
 #include <cstdint>
@@ -43,29 +45,30 @@ namespace flashgdn::plan {
 
 struct CostModel {
   // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
-  double fused_chunk_us = 3.3;  // per chunk
-  double fused_item_us = 2.0;   // per item: entering-state load, final-state store
+  double fused_chunk_us = 8.012;  // per chunk
+  double fused_item_us = 0.0;     // per item: entering-state load, final-state store
   // State-only pass (S*, and M where a head needs it), per (segment, v-head).
-  double state_chunk_us = 1.8;    // per chunk, S* alone
-  double state_m_chunk_us = 1.4;  // extra per chunk when M is formed as well
-  double state_item_us = 2.0;     // per item: S* (and M) store
+  double state_chunk_us = 11.264;  // per chunk, S* alone
+  double state_m_chunk_us = 0.0;   // extra per chunk when M is formed as well
+  double state_item_us = 0.0;      // per item: S* (and M) store
   // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
-  double correction_step_us = 0.4;    // per segment boundary: read S*_j
-  double correction_m_step_us = 1.2;  // extra per boundary when M_j is applied
-  double correction_item_us = 1.0;
+  double correction_step_us = 8.397;     // per segment boundary: read S*_j
+  double correction_m_step_us = 31.149;  // extra per boundary when M_j is applied
+  double correction_item_us = 0.0;
   int32_t correction_slices_per_head = 4;  // V columns split across CTAs
   // Gate scan that finds the decay windows, per segment (all heads in one CTA).
-  double gate_scan_chunk_us = 0.02;
+  double gate_scan_chunk_us = 0.0;
   // Every kernel launch.
-  double launch_us = 4.0;
+  double launch_us = 31.440;
   // Concurrent CTAs per SM of the heavy kernels (fused, state pass) and of the light ones (gate
   // scan, correction).
   int32_t heavy_ctas_per_sm = 1;
   int32_t light_ctas_per_sm = 8;
 
-  // Placeholder coefficients for the backward pass (also unfitted): the fused kernel stands for the
-  // state recompute plus the fused backward, the state pass for the forward S* pass plus the dS
-  // pass, the correction for the forward and the reverse (M^T) scans.
+  // Placeholder coefficients for the backward pass (unfitted: the backward cuts only when asked
+  // to). The fused kernel stands for the state recompute plus the fused backward, the state pass
+  // for the forward S* pass plus the dS pass, the correction for the forward and the reverse (M^T)
+  // scans.
   static CostModel backward_placeholder();
 };
 

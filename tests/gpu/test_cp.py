@@ -113,7 +113,7 @@ def test_truncation_error_bounded(seed):
     tight, loose = rel_l2(o_tight, o_ref), rel_l2(o_loose, o_ref)
     print(f"CP vs no CP: threshold -10: {tight:.2e}, threshold -0.5: {loose:.2e}")
     assert tight <= 1e-2
-    assert loose > max(1e-2, 3 * tight)
+    assert loose > max(2e-3, 5 * tight)
 
 
 def test_auto_plan(seed):
@@ -176,12 +176,27 @@ GAP_TOL = dict(dq=1e-2, dk=1e-2, dv=1e-2, dg=2e-2, dbeta=2e-2, dh0=1e-2)
 
 
 def assert_close_to_no_cp(grads, ref):
-    """CP and no CP within the oracle tolerances of each other, and CP engaged (roundings differ)."""
+    """CP and no CP within the oracle tolerances of each other. (Under strong decay they can agree bit
+    for bit: what a window leaves out is below fp32 rounding; test_backward_truncation_shows proves
+    that the backward's CP path runs.)"""
     diffs = {n: rel_l2(grads[n], ref[n]) for n in GRADS if grads[n] is not None}
     print("CP vs no CP:", " ".join(f"{n}={e:.2e}" for n, e in diffs.items()))
     over = {n: e for n, e in diffs.items() if e > GAP_TOL[n]}
     assert not over, f"CP vs no CP over tolerance: {over}"
-    assert not torch.equal(grads["dv"], ref["dv"]), "CP did not engage (bitwise equal to no CP)"
+
+
+def test_backward_truncation_shows(seed):
+    """Weak gates, as test_truncation_error_bounded for the backward: a loose threshold (-0.5, one-chunk
+    leading windows) drops visible state gradient, the default does not."""
+    x = make_inputs(1, 4096, 2, 4, regime="weak")
+    do, dht = upstream(x)
+    ref = run_backward(x, do, dht, OFF)
+    tight = run_backward(x, do, dht, ON, segment_chunks=4)
+    loose = run_backward(x, do, dht, ON, segment_chunks=4, threshold=-0.5)
+    err_tight, err_loose = rel_l2(tight["dk"], ref["dk"]), rel_l2(loose["dk"], ref["dk"])
+    print(f"dk, CP vs no CP: threshold -10: {err_tight:.2e}, threshold -0.5: {err_loose:.2e}")
+    assert err_tight <= 1e-2
+    assert err_loose > max(2e-3, 5 * err_tight)
 
 
 @pytest.mark.parametrize("regime", REGIMES)
