@@ -184,15 +184,18 @@ def test_v_split_bitwise(seed, case):
     assert torch.equal(outs[0][1], outs[1][1]), "final state differs between V split 1 and 2"
 
 
-@pytest.mark.parametrize("context_parallel", [1, 2])
-def test_state_pools(seed, context_parallel):
+@pytest.mark.parametrize("context_parallel, strided", [(1, False), (2, False), (1, True)])
+def test_state_pools(seed, context_parallel, strided):
     """Initial states read from pool slots and final states written to pool slots (one pool, in
     place; sequence 0 reads and writes the same slot, as a serving engine does), -1 meaning a zero
-    start / no write; with and without CP."""
+    start / no write; with and without CP; a non-contiguous pool (every other slot and head of a
+    larger buffer) through its strides."""
     lengths = [300, 0, 1000, 65]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     x = make_inputs(1, int(cu[-1]) + 7, 2, 4, regime="mixed", N=len(lengths), initial_state=False)
     pool = torch.randn(7, 4, 128, 128, device="cuda")
+    if strided:
+        pool = torch.randn(14, 8, 128, 128, device="cuda")[::2, 1::2]
     read = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device="cuda")
     write = torch.tensor([3, 2, -1, 1], dtype=torch.int32, device="cuda")
     before = pool.clone()
