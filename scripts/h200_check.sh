@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd|cp|bench|stage]
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fit + the
-#     quick auto-CP sweep; bench: build + the benchmark only (python -m flashgdn.bench $BENCH_ARGS:
-#     one CSV, plots and log); stage: install the anchor wheels staged so far and stop (one call per
-#     .whl/<group>, bench/notes.md "Anchors")
+#     quick auto-CP sweep; ab: tests + the A/B timing of the two fused forward kernels
+#     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
+#     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
+#     (one call per .whl/<group>, bench/notes.md "Anchors")
 #   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
@@ -73,6 +74,12 @@ if [ "$MODE" = cp ]; then
   note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
 fi
 
+if [ "$MODE" = ab ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
+  note "fused kernel A/B rc=$?"
+  tail -n 30 "$OUT/ab.log"
+fi
+
 quick_flag=$([ "$MODE" = full ] || echo --quick)
 if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction fwd $quick_flag --no-plots ${BENCH_ARGS:-} \
@@ -80,7 +87,7 @@ if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
   note "forward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 25 "$OUT/bench.log"
 fi
-if [ "$MODE" != tests ] && [ "$MODE" != cp ]; then
+if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction bwd $([ "$MODE" = bwd ] || echo $quick_flag) \
     --no-plots ${BENCH_ARGS:-} ${BWD_BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_bwd.log" 2>&1
   note "backward bench rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"

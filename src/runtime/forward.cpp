@@ -109,8 +109,11 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 }
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split) {
-  auto split = [&](int64_t items) { return forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads); };
+                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel) {
+  p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kAuto && forced_v_split == 0);
+  auto split = [&](int64_t items) {
+    return p.wgmma ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
+  };
   if (p.cp_pass != kern::kNoCp) {
     const bool bf16 = elem == kern::ElemKind::kBF16;
     if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -176,6 +179,11 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (auto s = validate_forward(problem, Target::kDevice); !s.ok()) return s;
   if (variant.v_split < 0 || variant.v_split > 2)
     return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
+  if (variant.kernel != FusedKernel::kAuto && variant.kernel != FusedKernel::kMmaSync &&
+      variant.kernel != FusedKernel::kWgmma)
+    return {StatusCode::kInvalidArgument, "kernel: must be 0 (automatic), 1 (mma.sync) or 2 (wgmma)"};
+  if (variant.kernel == FusedKernel::kWgmma && variant.v_split == 2)
+    return {StatusCode::kInvalidArgument, "v_split: the wgmma kernel has no V split (v_split 0 or 1)"};
   const kern::InverseKind inverse = variant.inverse;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
@@ -215,7 +223,9 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (layout.cp.enabled) {
     if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
   }
-  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split); !s.ok()) return s;
+  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split, variant.kernel);
+      !s.ok())
+    return s;
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};

@@ -41,11 +41,17 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
 // Points p's CP fields at the regions and launches segment_offsets (varlen).
 Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
                unsigned char* workspace, cudaStream_t stream);
+// Which fused forward kernel runs: kAuto = the wgmma kernel (fused_forward_wg.cuh) unless a V
+// split is forced; kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one.
+enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
-// windows, the state pass, the correction and the main pass. Each pass's V split is chosen here. chunk_states (the backward's pre-pass)
-// is written by the pass that runs whole sequences or segments from their true entering states.
+// windows, the state pass, the correction and the main pass. Each pass's kernel and V split are
+// chosen here. chunk_states (the backward's pre-pass) is written by the pass that runs whole
+// sequences or segments from their true entering states.
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0);
+                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0,
+                             FusedKernel kernel = FusedKernel::kAuto);
 
 // Short sequences (decoding, speculative verification: at most kDecodeTokensPerSequence tokens per
 // sequence on average, and none longer than kDecodeMaxTokens when the host knows the lengths; see
@@ -67,7 +73,8 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
 // Variants that measurements and tests pin (the public entry points use the defaults).
 struct ForwardVariant {
   kern::InverseKind inverse = kDefaultInverse;
-  int32_t v_split = 0;  // fused kernel's V split: 0 = choose_v_split, else 1 or 2
+  int32_t v_split = 0;  // mma.sync fused kernel's V split: 0 = choose_v_split, else 1 or 2
+  FusedKernel kernel = FusedKernel::kAuto;
 };
 
 Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant, void* workspace,

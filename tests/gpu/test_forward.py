@@ -184,6 +184,47 @@ def test_v_split_bitwise(seed, case):
     assert torch.equal(outs[0][1], outs[1][1]), "final state differs between V split 1 and 2"
 
 
+@pytest.mark.parametrize("case", ["batch", "varlen", "v_first_fp16", "cp", "gva_strong", "zero_no_h0"])
+def test_wgmma_and_mma_sync_kernels(seed, case):
+    """The two fused kernels, wgmma (the default) and mma.sync: each within tolerance of the oracle,
+    and of each other (the same algebra in another accumulation order)."""
+    cu, mode, vk, dtype, regime, h0 = None, 1, case == "v_first_fp16", torch.bfloat16, "model", True
+    shape = (2, 700, 2, 4)
+    if case == "v_first_fp16":
+        dtype = torch.float16
+    elif case == "gva_strong":
+        shape, regime = (1, 2000, 2, 8), "strong"
+    elif case == "zero_no_h0":
+        regime, h0 = "zero", False
+    elif case == "cp":
+        shape, mode = (1, 3000, 2, 4), 2
+    if case == "varlen":
+        lengths = [0, 300, 1, 64, 65, 1000]
+        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+        x = make_inputs(1, int(cu[-1]) + 11, 2, 4, regime="mixed", N=len(lengths))
+    else:
+        x = make_inputs(*shape, regime=regime, dtype=dtype, initial_state=h0)
+    if vk:
+        x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    N = x["q"].shape[0] if cu is None else cu.numel() - 1
+    outs = []
+    for kernel in (1, 2):
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((N, x["v"].shape[2], 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5,
+                     False, vk, False, None, mode, 4, kernel=kernel)
+        print(f"kernel {kernel}:", check(x, o, final, cu_seqlens=cu, state_v_first=vk))
+        outs.append((o, final))
+    gap_o, gap_s = rel_l2(outs[0][0], outs[1][0]), rel_l2(outs[0][1], outs[1][1])
+    print(f"mma.sync vs wgmma: o {gap_o:.2e} state {gap_s:.2e}")
+    assert gap_o <= 1e-2 and gap_s <= 1e-2
+    with pytest.raises(ValueError, match="kernel"):
+        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, kernel=3)
+    with pytest.raises(ValueError, match="v_split"):
+        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, v_split=2,
+                     kernel=2)
+
+
 @pytest.mark.parametrize("context_parallel, strided", [(1, False), (2, False), (1, True)])
 def test_state_pools(seed, context_parallel, strided):
     """Initial states read from pool slots and final states written to pool slots (one pool, in

@@ -55,6 +55,7 @@ struct ForwardParams {
   int64_t max_chunks = 0;            // launch bound on the number of chunks
   int32_t v_split = 1;               // fused forward: CTAs per (sequence or segment, v-head), 1 or 2,
                                      // each with 128 / v_split value columns of the state
+  bool wgmma = false;                // fused forward: the wgmma kernel (fused_forward_wg.cuh, v_split 1)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.

@@ -21,7 +21,11 @@
 // m16n8 C layout of warp_mma.cuh repeated over N / 8 column blocks, one 16-row band per warp.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -62,9 +66,10 @@ __device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int row
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Pins accumulator registers in place around fence() / wait() so the compiler moves no access of
 // them across the asynchronous window.
-__device__ __forceinline__ void fence_operand(float (&d)[64]) {
+template <int kN>
+__device__ __forceinline__ void fence_operand(float (&d)[kN]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -74,29 +79,57 @@ __device__ __forceinline__ void wait() {
 // Generic-proxy writes to shared memory made visible to wgmma (the async proxy).
 __device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-#define FLASHGDN_WG_ACC64(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define FLASHGDN_WG_ACC_OPERANDS                                                                          \
-  FLASHGDN_WG_ACC64(0), FLASHGDN_WG_ACC64(4), FLASHGDN_WG_ACC64(8), FLASHGDN_WG_ACC64(12),                \
-      FLASHGDN_WG_ACC64(16), FLASHGDN_WG_ACC64(20), FLASHGDN_WG_ACC64(24), FLASHGDN_WG_ACC64(28),         \
-      FLASHGDN_WG_ACC64(32), FLASHGDN_WG_ACC64(36), FLASHGDN_WG_ACC64(40), FLASHGDN_WG_ACC64(44),         \
-      FLASHGDN_WG_ACC64(48), FLASHGDN_WG_ACC64(52), FLASHGDN_WG_ACC64(56), FLASHGDN_WG_ACC64(60)
-#define FLASHGDN_WG_ACC_LIST                                                                               \
+#define FLASHGDN_WG_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define FLASHGDN_WG_ACC32_OPERANDS                                                                  \
+  FLASHGDN_WG_ACC4(0), FLASHGDN_WG_ACC4(4), FLASHGDN_WG_ACC4(8), FLASHGDN_WG_ACC4(12), FLASHGDN_WG_ACC4(16), \
+      FLASHGDN_WG_ACC4(20), FLASHGDN_WG_ACC4(24), FLASHGDN_WG_ACC4(28)
+#define FLASHGDN_WG_ACC64_OPERANDS                                                                            \
+  FLASHGDN_WG_ACC32_OPERANDS, FLASHGDN_WG_ACC4(32), FLASHGDN_WG_ACC4(36), FLASHGDN_WG_ACC4(40),                 \
+      FLASHGDN_WG_ACC4(44), FLASHGDN_WG_ACC4(48), FLASHGDN_WG_ACC4(52), FLASHGDN_WG_ACC4(56), FLASHGDN_WG_ACC4(60)
+#define FLASHGDN_WG_ACC32_LIST                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FLASHGDN_WG_ACC64_LIST                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "   \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
   "%62, %63}"
+// One SS wgmma: SHAPE_TYPES e.g. "m64n128k16.f32.bf16.bf16"; DESC, PRED, TRANS the operand numbers
+// after the accumulators.
+#define FLASHGDN_WG_SS(SHAPE_TYPES, LIST, OPERANDS, DESC, PRED, TRANS)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " LIST ", " DESC ", p, 1, 1, " TRANS ";\n}\n" \
+               : OPERANDS                                                                                  \
+               : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB))
+
+// d[N/2] (+)= A[64,16] @ B[16,N], both from shared memory; Elem bf16 or fp16, N 64 or 128.
+// accumulate == false: d = A @ B.
+template <typename Elem, int N, Major kMajorA, Major kMajorB>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+  constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
+  static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
+  constexpr int kTransA = kMajorA == Major::kMN ? 1 : 0;
+  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
+  if constexpr (N == 128 && kBF16) {
+    FLASHGDN_WG_SS("m64n128k16.f32.bf16.bf16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS, "%64, %65", "%66",
+                   "%67, %68");
+  } else if constexpr (N == 128) {
+    FLASHGDN_WG_SS("m64n128k16.f32.f16.f16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS, "%64, %65", "%66",
+                   "%67, %68");
+  } else if constexpr (kBF16) {
+    FLASHGDN_WG_SS("m64n64k16.f32.bf16.bf16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS, "%32, %33", "%34",
+                   "%35, %36");
+  } else {
+    FLASHGDN_WG_SS("m64n64k16.f32.f16.f16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS, "%32, %33", "%34",
+                   "%35, %36");
+  }
+}
 
 // d[64] (+)= A[64,16] @ B[16,128], both from shared memory (bf16). accumulate == false: d = A @ B.
 template <Major kMajorA, Major kMajorB>
 __device__ __forceinline__ void mma_64x128x16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  constexpr int kTransA = kMajorA == Major::kMN ? 1 : 0;
-  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC_LIST
-      ", %64, %65, p, 1, 1, %67, %68;\n}\n"
-      : FLASHGDN_WG_ACC_OPERANDS
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+  mma_ss<__nv_bfloat16, 128, kMajorA, kMajorB>(d, desc_a, desc_b, accumulate);
 }
 
 // d[64] (+)= A[64,16] @ B[16,128] with A from registers (bf16x2, the mma.sync m16k16 A fragment of
@@ -107,14 +140,17 @@ __device__ __forceinline__ void mma_64x128x16_rs(float (&d)[64], const uint32_t 
   constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC_LIST
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC64_LIST
       ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : FLASHGDN_WG_ACC_OPERANDS
+      : FLASHGDN_WG_ACC64_OPERANDS
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
 }
 
-#undef FLASHGDN_WG_ACC64
-#undef FLASHGDN_WG_ACC_OPERANDS
-#undef FLASHGDN_WG_ACC_LIST
+#undef FLASHGDN_WG_ACC4
+#undef FLASHGDN_WG_ACC32_OPERANDS
+#undef FLASHGDN_WG_ACC64_OPERANDS
+#undef FLASHGDN_WG_ACC32_LIST
+#undef FLASHGDN_WG_ACC64_LIST
+#undef FLASHGDN_WG_SS
 
 }  // namespace flashgdn::kern::wg
