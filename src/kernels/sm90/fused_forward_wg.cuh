@@ -3,32 +3,34 @@
 // 128-byte-swizzled shared-memory tiles (wgmma.cuh) instead of mma.sync on padded tiles.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 256 threads = 2 warpgroups.
-// Accumulators follow the m64nN layout of wgmma.cuh: warp w of a group holds rows 16 w + lane / 4
-// (+ 8) of the group's 64 rows, all N columns.
-//   group 0 (warps 0-3): U = K S, Ag (while U runs), W = V - Gamma U, Vd = Ag W, rho Vd;
-//                        state rows 0-63
-//   group 1 (warps 4-7): QS = Q S and P = G (.) Q K^T, then O = scale (Gamma QS + P Vd);
-//                        state rows 64-127
-// Each thread keeps 64 fp32 elements of S (its group's 64 rows, all 128 value columns) in
-// registers for the whole sequence; S is the accumulator of its own update.
+// The columns of S evolve independently, so warpgroup g owns value columns 64 g .. 64 g + 63 of S,
+// U, QS, W, Vd and O: its chain (K S -> W -> Ag W -> the update) needs no other group's results,
+// only the S-independent Ag and P, which the groups make for each other while their first wgmmas
+// run (g0: Ag; g1: P = G (.) Q K^T). Accumulators follow the m64nN layout of wgmma.cuh (warp w of a
+// group holds rows 16 w + lane / 4 (+ 8)); each thread keeps S[128, its group's 64 columns] as two
+// m64n64 fp32 accumulators for the whole sequence, the accumulators of their own update.
 //
-// Shared memory (all tiles 1024-byte aligned, 128B-swizzled panels of 64 elements; 176.5 KiB):
+// Shared memory (tiles 1024-byte aligned, 128B-swizzled panels of 64 elements; 195 KiB with a
+// bf16 A_r, 211 KiB with fp32):
 //   k, q [2][64 tokens][128]    K and Q of the chunk (two buffers: chunk c+1 loads during chunk c).
 //                               One layout serves K as the K-major A of K S, the K-major B of
-//                               Q K^T and the MN-major A (K^T) of the state update.
-//   v [2][64 tokens][128]       V, overwritten in place by W (the MN-major B of Ag W)
-//   state [128][128]            bf16 copy of S, [K row][V column] (the MN-major B of K S and Q S)
+//                               Q K^T and the MN-major A (K^T) of the update.
+//   v [2][64 tokens][128]       V, overwritten in place by W (the MN-major B of Ag W); panel g is
+//                               group g's columns, as in every [., 128] tile below
+//   inverse [2][64][64 + pad]   A_r rows of the chunk (plain layout, InverseT)
+//   state [128][128]            bf16 copy of S (the MN-major B of K S and Q S)
 //   vd, vd_decayed [64][128]    Vd (B of P Vd) and rho (.) Vd (B of the update)
 //   p, ag [64][64]              the K-major A operands of P Vd and Ag W
-//   gcum, beta [64] fp32        gcum in log2 units
-// Per chunk (4 barriers):
-//   top       wait for the chunk's loads, issue chunk c+1's, gates -> gcum/beta
-//   phase 1   g0: U [64,128] = K[64,128] @ S[128,128]; Ag [64,64] = G (.) A_r (.) 1 beta^T under it;
-//                 W = V - Gamma U
-//             g1: QS [64,128] = Q[64,128] @ S[128,128], QK [64,64] = Q @ K^T; P = G (.) QK (lower)
-//   phase 2   g0: Vd [64,128] = Ag[64,64] @ W[64,128] -> vd, rho (.) Vd -> vd_decayed
-//   phase 3   g1: O [64,128] = scale (Gamma QS + P[64,64] @ Vd[64,128]) -> o
-//             both: S[64g.., :] = e^gamma S + K^T[64g.., 64] @ (rho (.) Vd)[64,128]; bf16 copy -> state
+//   gcum, beta [2][64] fp32     per buffer; gcum in log2 units
+// Per chunk c (barriers: 2 CTA-wide, 1 per group):
+//   top       wait for chunk c's loads; gates -> gcum/beta[buf]; CTA barrier; issue chunk c+1's loads
+//   phase 1   group g, columns n = 64 g ..:
+//               U [64,64] = K[64,128] @ S[128,n],  QS [64,64] = Q[64,128] @ S[128,n]
+//               g0 meanwhile: Ag [64,64] = G (.) A_r (.) 1 beta^T;  g1: QK [64,64] = Q @ K^T, P = G (.) QK
+//               W[:, n] = V[:, n] - Gamma U;  Gamma QS stays in registers         -> CTA barrier
+//   phase 2   Vd [64,64] = Ag[64,64] @ W[64,n] -> vd, rho (.) Vd -> vd_decayed     -> group barrier
+//   phase 3   O [64,64] = scale (Gamma QS + P[64,64] @ Vd[64,n]) -> o
+//             S[:, n] = e^gamma S[:, n] + K^T[128,64] @ (rho (.) Vd)[64,n];  bf16 copy -> state
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
@@ -45,7 +47,12 @@ struct FusedForwardWg {
   static constexpr int kStateTileBytes = kHeadDim * kHeadDim * 2;  // [128][128]
   static constexpr int kSquareTileBytes = kChunk * kChunk * 2;     // [64][64]
   static constexpr int kPanelBytes = kChunk * 128;                 // 64 rows of one 64-element panel
+  static constexpr int kStatePanelBytes = kHeadDim * 128;          // 128 rows of one panel
+  static constexpr int kInversePitch = kChunk + 16 / static_cast<int>(sizeof(InverseT));  // + one 16-byte unit
+  static constexpr int kInverseVecs = kChunk * static_cast<int>(sizeof(InverseT)) / 16;   // 16-byte units per row
+  static constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(InverseT));
   using Major = wg::Major;
+  using Acc = float[32];  // m64n64 accumulator
 
   struct SharedStorage {
     alignas(1024) unsigned char k[2][kTokenTileBytes];
@@ -56,22 +63,28 @@ struct FusedForwardWg {
     alignas(1024) unsigned char vd_decayed[kTokenTileBytes];
     alignas(1024) unsigned char p[kSquareTileBytes];
     alignas(1024) unsigned char ag[kSquareTileBytes];
-    float gcum[kChunk];
-    float beta[kChunk];
+    alignas(16) InverseT inverse[2][kChunk * kInversePitch];
+    float gcum[2][kChunk];
+    float beta[2][kChunk];
   };
 
   static __device__ __forceinline__ Elem* element(unsigned char* tile, uint32_t offset) {
     return reinterpret_cast<Elem*>(tile + offset);
   }
 
-  // Accumulator coordinates (wgmma.cuh): element 4 j + e of this thread in its group's tile.
+  // Accumulator coordinates (wgmma.cuh): element 4 j + e of this thread in its group's m64 tile.
   static __device__ __forceinline__ int acc_row(int e) {
     return 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4 + 8 * (e / 2);
   }
   static __device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x % 4) + e % 2; }
 
-  // K and Q rows of the chunk, and V (zeros when zero_v), into buffer `buf`; rows past the chunk
-  // are zero-filled.
+  // Barrier of the 128 threads of one warpgroup (ids 1 and 2; 0 is __syncthreads).
+  static __device__ __forceinline__ void group_barrier(int group) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");
+  }
+
+  // K and Q rows of the chunk, V (zeros when zero_v) and the A_r rows into buffer `buf`; rows past
+  // the chunk are zero-filled.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0, int rows, int hk,
                                     int h, bool zero_v, int buf) {
     for (int e = threadIdx.x; e < 3 * kChunk * 16; e += kThreads) {
@@ -83,6 +96,13 @@ struct FusedForwardWg {
                                     : row_ptr<Elem>(p.v, p.v_strides, b, t, h);
       unsigned char* dst = tile == 0 ? s.k[buf] : tile == 1 ? s.q[buf] : s.v[buf];
       cp_async_16(dst + wg::tile_offset(row, vec * 8, kChunk), src + vec * 8, in_chunk && !(tile == 2 && zero_v));
+    }
+    const InverseT* inverse = static_cast<const InverseT*>(p.inverse);
+    for (int e = threadIdx.x; e < kChunk * kInverseVecs; e += kThreads) {
+      const int row = e / kInverseVecs, vec = e % kInverseVecs;
+      const bool in_chunk = row < rows;
+      const InverseT* src = inverse + ((b * p.seqlen + (in_chunk ? t0 + row : t0)) * p.num_v_heads + h) * kChunk;
+      cp_async_16(&s.inverse[buf][row * kInversePitch + vec * kElemsPerVec], src + vec * kElemsPerVec, in_chunk);
     }
     cp_async_commit();
   }
@@ -98,34 +118,42 @@ struct FusedForwardWg {
     }
   }
 
-  // This group's 64 state rows (row0 = 64 * group) -> the bf16 copy.
-  static __device__ void store_state_copy(SharedStorage& s, const float (&state)[64], int row0) {
+  // This group's columns of S (rows 64 i + acc rows) -> the bf16 copy (panel `group`).
+  static __device__ void store_state_copy(SharedStorage& s, const Acc (&state)[2], int group) {
+    unsigned char* panel = s.state + group * kStatePanelBytes;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        store_pair(element(s.state, wg::tile_offset(row0 + acc_row(e), acc_col(j, e), kHeadDim)), state[4 * j + e],
-                   state[4 * j + e + 1]);
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2)
+          store_pair(element(panel, wg::swizzled_offset(64 * i + acc_row(e), acc_col(j, e))), state[i][4 * j + e],
+                     state[i][4 * j + e + 1]);
   }
 
   // Ag = G (.) A_r (.) 1 beta^T (lower triangle with diagonal, rows past the chunk zero), by the
-  // 128 threads of group 0: row = thread / 2, 32 columns each.
-  static __device__ void gated_inverse(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0, int rows,
-                                       int h) {
+  // 128 threads of group 0: row = thread / 2, 32 columns each, A_r from shared memory.
+  static __device__ void gated_inverse(SharedStorage& s, int buf, int rows) {
     const int row = (threadIdx.x % 128) / 2, col0 = 32 * (threadIdx.x % 2);
-    const InverseT* inverse_row =
-        static_cast<const InverseT*>(p.inverse) + ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kChunk;
     float a_r[32];
+    const InverseT* src = &s.inverse[buf][row * kInversePitch + col0];
 #pragma unroll
-    for (int c = 0; c < 32; ++c) a_r[c] = row < rows && row >= col0 + c ? to_float(inverse_row[col0 + c]) : 0.f;
-    const float g_row = s.gcum[row];
+    for (int vec = 0; vec < 32 / kElemsPerVec; ++vec) {
+      const uint4 bits = *reinterpret_cast<const uint4*>(src + vec * kElemsPerVec);
+      const InverseT* x = reinterpret_cast<const InverseT*>(&bits);
+#pragma unroll
+      for (int i = 0; i < kElemsPerVec; ++i) a_r[vec * kElemsPerVec + i] = to_float(x[i]);
+    }
+    const float* gcum = s.gcum[buf];
+    const float* beta = s.beta[buf];
+    const float g_row = gcum[row];
 #pragma unroll
     for (int c = 0; c < 32; c += 2) {
       float gated[2];
 #pragma unroll
       for (int d = 0; d < 2; ++d) {
         const int col = col0 + c + d;
-        gated[d] = row >= col ? exp2_approx(g_row - s.gcum[col]) * a_r[c + d] * s.beta[col] : 0.f;
+        gated[d] = row < rows && row >= col ? exp2_approx(g_row - gcum[col]) * a_r[c + d] * beta[col] : 0.f;
       }
       store_pair(element(s.ag, wg::swizzled_offset(row, col0 + c)), gated[0], gated[1]);
     }
@@ -143,19 +171,21 @@ struct FusedForwardWg {
     // Warpgroup index made visibly warp-uniform (a shuffle), so that ptxas does not treat the
     // group branches around the wgmmas as divergent and serialise them.
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-    const int row0 = 64 * group;  // this group's state rows
+    const int col0 = 64 * group;  // this group's value columns
 
-    float state[64];
+    Acc state[2];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + acc_row(e), col = acc_col(j, e);
-        state[4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
-                           : item.initial.base == nullptr ? 0.f
-                                                          : item.initial.load(row, col);
-      }
-    store_state_copy(s, state, row0);
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 64 * i + acc_row(e), col = col0 + acc_col(j, e);
+          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
+                                : item.initial.base == nullptr ? 0.f
+                                                               : item.initial.load(row, col);
+        }
+    store_state_copy(s, state, group);
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     auto chunk_rows = [&](int64_t c) {
@@ -169,158 +199,163 @@ struct FusedForwardWg {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(c);
       const int buf = static_cast<int>(c & 1);
-      __syncthreads();  // chunk c-1 is done with every buffer, including k/q/v[buf ^ 1] refilled now
+      const float* gcum = s.gcum[buf];
+      cp_async_wait<0>();  // chunk c's tiles (issued one chunk ago)
+      if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);  // last read two chunks ago
+      wg::fence_shared_to_async();  // the landed tiles and the state copy, for the wgmmas below
+      __syncthreads();              // ... and chunk c-1 is done with every buffer[buf ^ 1]
       if (c + 1 < num_chunks) {
         load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, buf ^ 1);
-        cp_async_wait<1>();  // this chunk's group has landed; the next one's may be in flight
-      } else {
-        cp_async_wait<0>();
-      }
-      if (warp == 0) {
-        store_chunk_gates(s.gcum, s.beta, gates);
-        if (c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
+        if (warp == 0) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
       if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
-      wg::fence_shared_to_async();  // the landed tiles and the state copy, for the wgmmas below
-      __syncthreads();
-      const float gamma = s.gcum[kChunk - 1];
+      const float gamma = gcum[kChunk - 1];
 
-      float acc[64];  // g0: U, then Vd; g1: QS, then O
-      if (group == 0) {
+      // Phase 1: U and QS of this group's columns; Ag (g0) or P (g1) under them; W.
+      Acc u, qs;
+      {
+        unsigned char* state_panel = s.state + group * kStatePanelBytes;
         wg::fence();
 #pragma unroll
-        for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-          wg::mma_ss<Elem, 128, Major::kK, Major::kMN>(acc, wg::descriptor<Major::kK>(s.k[buf], k0, kChunk),
-                                                       wg::descriptor<Major::kMN>(s.state, k0, kHeadDim), k0 > 0);
-        wg::commit();
-        gated_inverse(p, s, b, t0, rows, h);
-        wg::wait<0>();
-        wg::fence_operand(acc);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // W = V - Gamma U, in place over V
-          const int row = acc_row(2 * half);
-          const float decay = exp2_approx(s.gcum[row]);
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            Elem* w = element(s.v[buf], wg::tile_offset(row, acc_col(j, 2 * half), kChunk));
-            store_pair(w, to_float(w[0]) - decay * acc[4 * j + 2 * half],
-                       to_float(w[1]) - decay * acc[4 * j + 2 * half + 1]);
-          }
+        for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+          const uint64_t desc_s = wg::descriptor<Major::kMN>(state_panel, k0, kHeadDim);
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(u, wg::descriptor<Major::kK>(s.k[buf], k0, kChunk), desc_s,
+                                                      k0 > 0);
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk), desc_s,
+                                                      k0 > 0);
         }
+      }
+      if (group == 0) {
+        wg::commit();
+        gated_inverse(s, buf, rows);
+        wg::wait<0>();
       } else {
-        float qk[32];
-        wg::fence();
-#pragma unroll
-        for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-          wg::mma_ss<Elem, 128, Major::kK, Major::kMN>(acc, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk),
-                                                       wg::descriptor<Major::kMN>(s.state, k0, kHeadDim), k0 > 0);
+        Acc qk;
 #pragma unroll
         for (int k0 = 0; k0 < kHeadDim; k0 += 16)
           wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk),
                                                      wg::descriptor<Major::kK>(s.k[buf], k0, kChunk), k0 > 0);
         wg::commit();
         wg::wait<0>();
-        wg::fence_operand(acc);
         wg::fence_operand(qk);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < 2; ++half) {  // P = G (.) QK^T, lower triangle with diagonal
           const int row = acc_row(2 * half);
-          const float g_row = s.gcum[row];
-          const float decay = exp2_approx(g_row);
+          const float g_row = gcum[row];
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {  // Gamma QS stays in registers
-            acc[4 * j + 2 * half] *= decay;
-            acc[4 * j + 2 * half + 1] *= decay;
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {  // P = G (.) QK^T, lower triangle with diagonal
+          for (int j = 0; j < 8; ++j) {
             const int col = acc_col(j, 2 * half);
             float gated[2];
 #pragma unroll
             for (int d = 0; d < 2; ++d)
-              gated[d] = row >= col + d ? exp2_approx(g_row - s.gcum[col + d]) * qk[4 * j + 2 * half + d] : 0.f;
+              gated[d] = row >= col + d ? exp2_approx(g_row - gcum[col + d]) * qk[4 * j + 2 * half + d] : 0.f;
             store_pair(element(s.p, wg::swizzled_offset(row, col)), gated[0], gated[1]);
           }
+        }
+      }
+      wg::fence_operand(u);
+      wg::fence_operand(qs);
+      unsigned char* w_panel = s.v[buf] + group * kPanelBytes;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // W = V - Gamma U in place over V; Gamma QS in registers
+        const int row = acc_row(2 * half);
+        const float decay = exp2_approx(gcum[row]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int e = 2 * half;
+          Elem* w = element(w_panel, wg::swizzled_offset(row, acc_col(j, e)));
+          store_pair(w, to_float(w[0]) - decay * u[4 * j + e], to_float(w[1]) - decay * u[4 * j + e + 1]);
+          qs[4 * j + e] *= decay;
+          qs[4 * j + e + 1] *= decay;
         }
       }
       wg::fence_shared_to_async();  // W, Ag, P
       __syncthreads();
 
-      if (group == 0) {  // Vd = Ag @ W
-        wg::fence();
+      // Phase 2: Vd = Ag @ W of this group's columns (u holds Vd from here on).
+      wg::fence();
 #pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 128, Major::kK, Major::kMN>(acc, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
-                                                       wg::descriptor<Major::kMN>(s.v[buf], k0, kChunk), k0 > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_operand(acc);
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(u, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(w_panel, k0, kChunk), k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(u);
+      unsigned char* vd_panel = s.vd + group * kPanelBytes;
+      unsigned char* vd_decayed_panel = s.vd_decayed + group * kPanelBytes;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = acc_row(2 * half);
-          const float rho = exp2_approx(gamma - s.gcum[row]);
+      for (int half = 0; half < 2; ++half) {
+        const int row = acc_row(2 * half);
+        const float rho = exp2_approx(gamma - gcum[row]);
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const uint32_t at = wg::tile_offset(row, acc_col(j, 2 * half), kChunk);
-            const float x0 = acc[4 * j + 2 * half], x1 = acc[4 * j + 2 * half + 1];
-            store_pair(element(s.vd, at), x0, x1);
-            store_pair(element(s.vd_decayed, at), rho * x0, rho * x1);
-          }
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t at = wg::swizzled_offset(row, acc_col(j, 2 * half));
+          const float x0 = u[4 * j + 2 * half], x1 = u[4 * j + 2 * half + 1];
+          store_pair(element(vd_panel, at), x0, x1);
+          store_pair(element(vd_decayed_panel, at), rho * x0, rho * x1);
         }
       }
       wg::fence_shared_to_async();  // Vd, rho Vd
-      __syncthreads();
+      group_barrier(group);
 
+      // Phase 3: O = Gamma QS + P @ Vd; S = e^gamma S + K^T @ (rho (.) Vd).
       const float decay = exp2_approx(gamma);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) state[i] *= decay;
-      wg::fence();
-      if (group == 1) {  // O = Gamma QS + P @ Vd
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 128, Major::kK, Major::kMN>(acc, wg::descriptor<Major::kK>(s.p, k0, kChunk),
-                                                       wg::descriptor<Major::kMN>(s.vd, k0, kChunk), true);
-      }
-      // S[row0 .. row0 + 63, :] += K^T[row0 .., 64] @ (rho (.) Vd): panel `group` of the K tile
+        for (int x = 0; x < 32; ++x) state[i][x] *= decay;
+      wg::fence();
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(
-            state, wg::descriptor<Major::kMN>(s.k[buf] + group * kPanelBytes, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.vd_decayed, k0, kChunk), true);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.p, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)  // rows 64 i ..: panel i of the K tile is K^T's rows 64 i ..
+#pragma unroll
+        for (int k0 = 0; k0 < kChunk; k0 += 16)
+          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(
+              state[i], wg::descriptor<Major::kMN>(s.k[buf] + i * kPanelBytes, k0, kChunk),
+              wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
       wg::commit();
       wg::wait<0>();
-      wg::fence_operand(state);
-      wg::fence_operand(acc);
-      if (group == 1 && item.write_o) {
+      wg::fence_operand(state[0]);
+      wg::fence_operand(state[1]);
+      wg::fence_operand(qs);
+      if (item.write_o) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = acc_row(2 * half);
           if (row < rows) {
             Elem* out = static_cast<Elem*>(p.o) + b * p.o_strides.batch + (t0 + row) * p.o_strides.token +
-                        h * p.o_strides.head;
+                        h * p.o_strides.head + col0;
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
-              store_pair(out + acc_col(j, 2 * half), p.scale * acc[4 * j + 2 * half],
-                         p.scale * acc[4 * j + 2 * half + 1]);
+            for (int j = 0; j < 8; ++j)
+              store_pair(out + acc_col(j, 2 * half), p.scale * qs[4 * j + 2 * half],
+                         p.scale * qs[4 * j + 2 * half + 1]);
           }
         }
       }
-      store_state_copy(s, state, row0);  // K S and Q S of this chunk read the old copy two barriers ago
+      store_state_copy(s, state, group);  // this group's K S and Q S read the old copy before its barrier
       if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0) {
         StateBlock out = checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h);
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) out.store(row0 + acc_row(e), acc_col(j, e), state[4 * j + e]);
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              out.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
       }
     }
 
     if (item.final.base != nullptr) {
       StateBlock final = item.final;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) final.store(row0 + acc_row(e), acc_col(j, e), state[4 * j + e]);
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) final.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
     }
   }
 };
