@@ -3,7 +3,7 @@
 // Grid  (max_chunks, Hv); block 256 threads (8 warps); no gates anywhere (DESIGN §1, gate
 // extraction: the fused kernel re-applies G elementwise).
 // Shared memory: K tile [64][136] bf16 (padded rows), L and X = A_r in fp32 [64][65], a 32x33
-// scratch T for the block products.
+// scratch T for the block products; X and T reuse K's bytes.
 // Stages:
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles)
 //      L[s,t]      = beta_s * KK^T[s,t] for s > t, else 0
@@ -26,11 +26,17 @@ struct ChunkInverse {
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchF = kChunk + 1;    // floats per L / X row
 
+  // K is read only by stage 1, X and T only after it (a barrier between): they share storage, so
+  // that 6 CTAs fit on an SM instead of 4 (36.9 KiB a CTA).
   struct SharedStorage {
-    alignas(16) Elem k[kChunk * kPitchK];
+    union {
+      alignas(16) Elem k[kChunk * kPitchK];
+      struct {
+        float x[kChunk * kPitchF];
+        float t[32 * 33];
+      };
+    };
     float l[kChunk * kPitchF];
-    float x[kChunk * kPitchF];
-    float t[32 * 33];
     float beta[kChunk];
   };
 

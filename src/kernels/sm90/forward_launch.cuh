@@ -19,6 +19,11 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
+  // All of the unified L1 as shared memory: 6 CTAs per SM (occupancy is what this kernel runs on).
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared);
+      err != cudaSuccess)
+    return err;
   kernel<<<dim3(static_cast<unsigned>(p.max_chunks), p.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
