@@ -2,14 +2,21 @@
 //
 // Grid  (max_chunks, Hv); block 256 threads (8 warps); no gates anywhere (DESIGN §1, gate
 // extraction: the fused kernel re-applies G elementwise).
-// Shared memory: K tile [64][136] bf16 (padded rows), L and X = A_r in fp32 [64][65], a 32x33
-// scratch T for the block products; X and T reuse K's bytes.
-// Stages:
+// Shared memory (40.8 KiB, 5 CTAs per SM): K tile [64][136] bf16 (padded rows), sharing its bytes
+// with X = A_r [64][72] fp32 and the block-row scratch T [16][72] fp32 (K is dead once L is
+// formed); L [64][72] fp32.
+// Stages (16 x 16 blocks, X_ij for block row i and block column j):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles)
 //      L[s,t]      = beta_s * KK^T[s,t] for s > t, else 0
-//   2. diagonal 16x16 blocks of X by forward substitution (64 threads: one per block column)
-//   3. 32x32 blocks:  X21 = -X22 @ (L21 @ X11)   (16x16 blocks, twice)
-//   4. 64x64:         X21 = -X22 @ (L21 @ X11)   (32x32 blocks)
+//   2. X_ii = (I + L_ii)^{-1}: warp i < 4, lane c < 16 solves column c by forward substitution in
+//      registers (its column's entries above the diagonal come out as exact zeros)
+//   3. for block rows i = 1, 2, 3:
+//        T [16, 16 i]        = L_{i, 0:i} [16, 16 i] @ X_{0:i, 0:i} [16 i, 16 i]
+//        X_{i, 0:i} [16, 16 i] = -X_ii [16,16] @ T [16, 16 i]
+//      on tensor cores in bf16x3 (each fp32 operand split into bf16 hi + lo; hi.hi + hi.lo + lo.hi
+//      with fp32 accumulation: about 2^-16 relative error per product, below the bf16 storage of
+//      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
+//      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64]
 // (entries above the diagonal are written as zeros).
 #pragma once
@@ -24,40 +31,51 @@ template <typename Elem, typename InverseT>
 struct ChunkInverse {
   static constexpr int kThreads = 256;
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
-  static constexpr int kPitchF = kChunk + 1;    // floats per L / X row
+  static constexpr int kPitchF = kChunk + 8;    // floats per L / X / T row (8-byte aligned pairs)
 
-  // K is read only by stage 1, X and T only after it (a barrier between): they share storage, so
-  // that 6 CTAs fit on an SM instead of 4 (36.9 KiB a CTA).
   struct SharedStorage {
     union {
       alignas(16) Elem k[kChunk * kPitchK];
       struct {
         float x[kChunk * kPitchF];
-        float t[32 * 33];
+        float t[16 * kPitchF];
       };
     };
     float l[kChunk * kPitchF];
     float beta[kChunk];
   };
 
-  // out[r0.., c0..] (n x n) = -X22 @ (L21 @ X11) for the diagonal blocks at `r0` (X11, rows/cols
-  // r0-n..r0) and `r0` (X22, rows/cols r0..r0+n), n <= 32: rows r0..r0+n, cols r0-n..r0 of X.
-  static __device__ void combine(SharedStorage& s, int r0, int n) {
-    const int c0 = r0 - n;
-    for (int e = threadIdx.x; e < n * n; e += kThreads) {  // T = L21 @ X11
-      const int i = e / n, j = e % n;
-      float acc = 0.f;
-      for (int m = j; m < n; ++m) acc += s.l[(r0 + i) * kPitchF + c0 + m] * s.x[(c0 + m) * kPitchF + c0 + j];
-      s.t[i * 33 + j] = acc;
+  // A fp32 pair split into bf16x2 hi and lo parts (x = hi + lo to about 2^-16 relative).
+  static __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  }
+
+  // acc [16,8] (m16n8 C fragment) += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in
+  // shared memory (A at a: rows 0-15, cols 0-15; B at b: rows 0-15, cols 0-7).
+  static __device__ __forceinline__ void mma_f32x3(float (&acc)[4], const float* a, const float* b) {
+    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+    uint32_t a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // a[q]: rows r (+8 for q odd), cols c (+8 for q >= 2)
+      const float2 pair = *reinterpret_cast<const float2*>(a + (r + 8 * (q % 2)) * kPitchF + c + 8 * (q / 2));
+      split_pair(pair.x, pair.y, a_hi[q], a_lo[q]);
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < n * n; e += kThreads) {  // X21 = -X22 @ T
-      const int i = e / n, j = e % n;
-      float acc = 0.f;
-      for (int m = 0; m <= i; ++m) acc += s.x[(r0 + i) * kPitchF + r0 + m] * s.t[m * 33 + j];
-      s.x[(r0 + i) * kPitchF + c0 + j] = -acc;
-    }
-    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 2; ++q)  // b[q]: k rows c, c+1 (+8 for q = 1), column r
+      split_pair(b[(c + 8 * q) * kPitchF + r], b[(c + 8 * q + 1) * kPitchF + r], b_hi[q], b_lo[q]);
+    mma_16816<__nv_bfloat16>(acc, a_hi, b_hi[0], b_hi[1]);
+    mma_16816<__nv_bfloat16>(acc, a_hi, b_lo[0], b_lo[1]);
+    mma_16816<__nv_bfloat16>(acc, a_lo, b_hi[0], b_hi[1]);
+  }
+
+  // dst[16,8] (row-major fp32, shared memory) = sign * acc.
+  static __device__ __forceinline__ void store_tile(float* dst, const float (&acc)[4], float sign) {
+    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+    *reinterpret_cast<float2*>(dst + r * kPitchF + c) = make_float2(sign * acc[0], sign * acc[1]);
+    *reinterpret_cast<float2*>(dst + (r + 8) * kPitchF + c) = make_float2(sign * acc[2], sign * acc[3]);
   }
 
   static __device__ void run(const ForwardParams& p) {
@@ -65,6 +83,7 @@ struct ChunkInverse {
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
     const int h = blockIdx.y;
     const int hk = h / (p.num_v_heads / p.num_qk_heads);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     ChunkLocation where;
     if (!locate_chunk(p, blockIdx.x, where)) return;
     const int64_t b = where.seq.batch;
@@ -93,7 +112,6 @@ struct ChunkInverse {
 
     // 1. L = StrictLower(diag(beta) K K^T).
     {
-      const int warp = threadIdx.x / 32;
       const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
       float acc[1][4][4];
       zero(acc);
@@ -106,32 +124,50 @@ struct ChunkInverse {
           s.l[row * kPitchF + col] = row > col ? s.beta[row] * acc[0][j][e] : 0.f;
         }
     }
-    __syncthreads();
+    __syncthreads();  // K is dead from here: X and T reuse its bytes
 
-    // 2. Diagonal 16x16 blocks: X[i, c] = [i == c] - sum_{c <= j < i} L[i, j] X[j, c].
-    if (threadIdx.x < kChunk) {
-      const int base = 16 * (threadIdx.x / 16), c = base + threadIdx.x % 16;
-      for (int i = base; i < base + 16; ++i) {
-        float acc = i == c ? 1.f : 0.f;
-        for (int j = c; j < i; ++j) acc -= s.l[i * kPitchF + j] * s.x[j * kPitchF + c];
-        s.x[i * kPitchF + c] = i < c ? 0.f : acc;
+    // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
+    if (warp < 4 && lane < 16) {
+      const int base = 16 * warp;
+      float x[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float v = i == lane ? 1.f : 0.f;
+#pragma unroll
+        for (int j = 0; j < i; ++j) v -= s.l[(base + i) * kPitchF + base + j] * x[j];
+        x[i] = v;
       }
-      for (int i = 0; i < kChunk; ++i)  // zero the strictly-upper off-diagonal blocks of column c
-        if (i < base) s.x[i * kPitchF + c] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s.x[(base + i) * kPitchF + base + lane] = x[i];
     }
     __syncthreads();
-    // 3. The two 32x32 diagonal blocks (their lower-left 16x16 blocks).
-    combine(s, 16, 16);
-    combine(s, 48, 16);
-    // 4. The lower-left 32x32 block.
-    combine(s, 32, 32);
 
-    // Output rows of valid tokens.
+    // 3. Block rows 1..3: T = L_{i,0:i} X_{0:i,0:i}, then X_{i,0:i} = -X_ii T; warp w owns the
+    //    8 columns 8 w .. 8 w + 7 of the 16 i.
+#pragma unroll 1
+    for (int i = 1; i < 4; ++i) {
+      const int r0 = 16 * i;
+      if (warp < 2 * i) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int kb = warp / 2; kb < i; ++kb)  // X_{kb, j} = 0 above the block diagonal (kb < j = warp / 2)
+          mma_f32x3(acc, &s.l[r0 * kPitchF + 16 * kb], &s.x[16 * kb * kPitchF + 8 * warp]);
+        store_tile(&s.t[8 * warp], acc, 1.f);
+      }
+      __syncthreads();
+      if (warp < 2 * i) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f32x3(acc, &s.x[r0 * kPitchF + r0], &s.t[8 * warp]);
+        store_tile(&s.x[r0 * kPitchF + 8 * warp], acc, -1.f);
+      }
+      __syncthreads();
+    }
+
+    // Output rows of valid tokens (X's blocks above the diagonal are never formed: zeros).
     for (int e = threadIdx.x; e < where.rows * kChunk; e += kThreads) {
       const int row = e / kChunk, col = e % kChunk;
       const int64_t token_row = (b * p.seqlen + where.first_token + row) * p.num_v_heads + h;
       static_cast<InverseT*>(p.inverse)[token_row * kChunk + col] =
-          static_cast<InverseT>(s.x[row * kPitchF + col]);
+          static_cast<InverseT>(col / 16 <= row / 16 ? s.x[row * kPitchF + col] : 0.f);
     }
   }
 };

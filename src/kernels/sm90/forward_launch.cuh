@@ -19,7 +19,7 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  // All of the unified L1 as shared memory: 6 CTAs per SM (occupancy is what this kernel runs on).
+  // All of the unified L1 as shared memory: as many CTAs per SM as fit.
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
