@@ -84,25 +84,33 @@ struct FusedForwardWg {
   }
 
   // K and Q rows of the chunk, V (zeros when zero_v) and the A_r rows into buffer `buf`; rows past
-  // the chunk are zero-filled.
+  // the chunk are zero-filled. Thread t copies 16-byte vector t % 16 of rows t / 16 + 16 j of the
+  // K, Q and V tiles (one swizzled offset for the three) and its share of the A_r rows; sources are
+  // the chunk's first row (CTA-uniform) plus row * token stride.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0, int rows, int hk,
                                     int h, bool zero_v, int buf) {
-    for (int e = threadIdx.x; e < 3 * kChunk * 16; e += kThreads) {
-      const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
+    const int vec = threadIdx.x % 16;
+    const Elem* k_rows = row_ptr<Elem>(p.k, p.k_strides, b, t0, hk) + vec * 8;
+    const Elem* q_rows = row_ptr<Elem>(p.q, p.q_strides, b, t0, hk) + vec * 8;
+    const Elem* v_rows = row_ptr<Elem>(p.v, p.v_strides, b, t0, h) + vec * 8;
+#pragma unroll 1
+    for (int row = threadIdx.x / 16; row < kChunk; row += kThreads / 16) {
       const bool in_chunk = row < rows;
-      const int64_t t = in_chunk ? t0 + row : t0;
-      const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
-                        : tile == 1 ? row_ptr<Elem>(p.q, p.q_strides, b, t, hk)
-                                    : row_ptr<Elem>(p.v, p.v_strides, b, t, h);
-      unsigned char* dst = tile == 0 ? s.k[buf] : tile == 1 ? s.q[buf] : s.v[buf];
-      cp_async_16(dst + wg::tile_offset(row, vec * 8, kChunk), src + vec * 8, in_chunk && !(tile == 2 && zero_v));
+      const int64_t src_row = in_chunk ? row : 0;
+      const uint32_t at = wg::tile_offset(row, vec * 8, kChunk);
+      cp_async_16(s.k[buf] + at, k_rows + src_row * p.k_strides.token, in_chunk);
+      cp_async_16(s.q[buf] + at, q_rows + src_row * p.q_strides.token, in_chunk);
+      cp_async_16(s.v[buf] + at, v_rows + src_row * p.v_strides.token, in_chunk && !zero_v);
     }
-    const InverseT* inverse = static_cast<const InverseT*>(p.inverse);
-    for (int e = threadIdx.x; e < kChunk * kInverseVecs; e += kThreads) {
-      const int row = e / kInverseVecs, vec = e % kInverseVecs;
+    const int inverse_vec = threadIdx.x % kInverseVecs;
+    const InverseT* inverse_rows = static_cast<const InverseT*>(p.inverse) +
+                                   ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk + inverse_vec * kElemsPerVec;
+#pragma unroll 1
+    for (int row = threadIdx.x / kInverseVecs; row < kChunk; row += kThreads / kInverseVecs) {
       const bool in_chunk = row < rows;
-      const InverseT* src = inverse + ((b * p.seqlen + (in_chunk ? t0 + row : t0)) * p.num_v_heads + h) * kChunk;
-      cp_async_16(&s.inverse[buf][row * kInversePitch + vec * kElemsPerVec], src + vec * kElemsPerVec, in_chunk);
+      const int64_t src_row = in_chunk ? row : 0;
+      cp_async_16(&s.inverse[buf][row * kInversePitch + inverse_vec * kElemsPerVec],
+                  inverse_rows + src_row * p.num_v_heads * kChunk, in_chunk);
     }
     cp_async_commit();
   }
@@ -111,6 +119,7 @@ struct FusedForwardWg {
   // unit holds 8 consecutive value columns of a row).
   static __device__ void save_entering_state(const ForwardParams& p, SharedStorage& s, int64_t chunk_id, int h) {
     Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+#pragma unroll 1
     for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
       const int row = e / 16, vec = e % 16;
       *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
@@ -348,14 +357,16 @@ struct FusedForwardWg {
       }
     }
 
-    if (item.final.base != nullptr) {
-      StateBlock final = item.final;
+    // The work item and column offset again (pure): not kept in registers across the loop.
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr) {
+      const int final_col0 = 64 * static_cast<int>(threadIdx.x / 128);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) final.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
+          for (int e = 0; e < 4; ++e)
+            final.store(64 * i + acc_row(e), final_col0 + acc_col(j, e), state[i][4 * j + e]);
     }
   }
 };
