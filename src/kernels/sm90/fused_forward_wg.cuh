@@ -31,6 +31,8 @@
 //   phase 2   Vd [64,64] = Ag[64,64] @ W[64,n] -> vd, rho (.) Vd -> vd_decayed     -> group barrier
 //   phase 3   O [64,64] = scale (Gamma QS + P[64,64] @ Vd[64,n]) -> o
 //             S[:, n] = e^gamma S[:, n] + K^T[128,64] @ (rho (.) Vd)[64,n];  bf16 copy -> state
+// Passes that write no o (the CP state pass, the backward's chunk-state pass) skip QS, Q K^T, P,
+// Vd's plain copy and P Vd.
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
@@ -181,6 +183,9 @@ struct FusedForwardWg {
     // group branches around the wgmmas as divergent and serialise them.
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     const int col0 = 64 * group;  // this group's value columns
+    // Passes without o (the CP state pass, the backward's chunk-state pass) skip Q entirely: QS,
+    // QK^T, P and P Vd. Made visibly uniform like `group`.
+    const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
 
     Acc state[2];
 #pragma unroll
@@ -226,17 +231,19 @@ struct FusedForwardWg {
         unsigned char* state_panel = s.state + group * kStatePanelBytes;
         wg::fence();
 #pragma unroll
-        for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-          const uint64_t desc_s = wg::descriptor<Major::kMN>(state_panel, k0, kHeadDim);
-          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(u, wg::descriptor<Major::kK>(s.k[buf], k0, kChunk), desc_s,
-                                                      k0 > 0);
-          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk), desc_s,
-                                                      k0 > 0);
+        for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(u, wg::descriptor<Major::kK>(s.k[buf], k0, kChunk),
+                                                      wg::descriptor<Major::kMN>(state_panel, k0, kHeadDim), k0 > 0);
+        if (with_o) {
+#pragma unroll
+          for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+            wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk),
+                                                        wg::descriptor<Major::kMN>(state_panel, k0, kHeadDim), k0 > 0);
         }
       }
-      if (group == 0) {
+      if (group == 0 || !with_o) {
         wg::commit();
-        gated_inverse(s, buf, rows);
+        if (group == 0) gated_inverse(s, buf, rows);
         wg::wait<0>();
       } else {
         Acc qk;
@@ -274,8 +281,10 @@ struct FusedForwardWg {
           const int e = 2 * half;
           Elem* w = element(w_panel, wg::swizzled_offset(row, acc_col(j, e)));
           store_pair(w, to_float(w[0]) - decay * u[4 * j + e], to_float(w[1]) - decay * u[4 * j + e + 1]);
-          qs[4 * j + e] *= decay;
-          qs[4 * j + e + 1] *= decay;
+          if (with_o) {
+            qs[4 * j + e] *= decay;
+            qs[4 * j + e + 1] *= decay;
+          }
         }
       }
       wg::fence_shared_to_async();  // W, Ag, P
@@ -300,7 +309,7 @@ struct FusedForwardWg {
         for (int j = 0; j < 8; ++j) {
           const uint32_t at = wg::swizzled_offset(row, acc_col(j, 2 * half));
           const float x0 = u[4 * j + 2 * half], x1 = u[4 * j + 2 * half + 1];
-          store_pair(element(vd_panel, at), x0, x1);
+          if (with_o) store_pair(element(vd_panel, at), x0, x1);
           store_pair(element(vd_decayed_panel, at), rho * x0, rho * x1);
         }
       }
@@ -314,10 +323,12 @@ struct FusedForwardWg {
 #pragma unroll
         for (int x = 0; x < 32; ++x) state[i][x] *= decay;
       wg::fence();
+      if (with_o) {
 #pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.p, k0, kChunk),
-                                                    wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
+        for (int k0 = 0; k0 < kChunk; k0 += 16)
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.p, k0, kChunk),
+                                                      wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i)  // rows 64 i ..: panel i of the K tile is K^T's rows 64 i ..
 #pragma unroll
@@ -330,7 +341,7 @@ struct FusedForwardWg {
       wg::fence_operand(state[0]);
       wg::fence_operand(state[1]);
       wg::fence_operand(qs);
-      if (item.write_o) {
+      if (with_o) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = acc_row(2 * half);
