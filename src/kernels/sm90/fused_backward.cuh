@@ -189,19 +189,22 @@ struct FusedBackward {
   static __device__ void load_chunk(const BackwardParams& bp, SharedStorage& s, int64_t b, int64_t t0, int rows,
                                     int hk, int h, int64_t chunk_id) {
     const ForwardParams& p = bp.fwd;
-    for (int e = threadIdx.x; e < 4 * kChunk * 16; e += kThreads) {
-      const int tile = e / (kChunk * 16), row = (e / 16) % kChunk, vec = e % 16;
-      if (kStateGradOnly && tile == 2) continue;  // V only feeds W
-      const bool valid = row < rows;
-      const int64_t t = valid ? t0 + row : t0;
-      const Elem* src = tile == 0   ? row_ptr<Elem>(p.k, p.k_strides, b, t, hk)
-                        : tile == 1 ? row_ptr<Elem>(p.q, p.q_strides, b, t, hk)
-                        : tile == 2 ? row_ptr<Elem>(p.v, p.v_strides, b, t, h)
-                                    : row_ptr<Elem>(bp.d_o, bp.d_o_strides, b, t, h);
-      Elem* dst = tile < 2 ? &s.kq[(tile * kChunk + row) * kPitch]
-                  : tile == 2 ? &s.w[row * kPitch]
-                              : &s.du_do[(kChunk + row) * kPitch];
-      cp_async_16(dst + vec * 8, src + vec * 8, valid);
+    // Thread t copies 16-byte vector t % 16 of rows t / 16 + 16 j of each tile, from the chunk's
+    // (CTA-uniform) first row plus row * token stride.
+    const int vec = threadIdx.x % 16;
+    const Elem* k_rows = row_ptr<Elem>(p.k, p.k_strides, b, t0, hk) + vec * 8;
+    const Elem* q_rows = row_ptr<Elem>(p.q, p.q_strides, b, t0, hk) + vec * 8;
+    const Elem* v_rows = row_ptr<Elem>(p.v, p.v_strides, b, t0, h) + vec * 8;
+    const Elem* do_rows = row_ptr<Elem>(bp.d_o, bp.d_o_strides, b, t0, h) + vec * 8;
+#pragma unroll 1
+    for (int row = threadIdx.x / 16; row < kChunk; row += kThreads / 16) {
+      const bool in_chunk = row < rows;
+      const int64_t src_row = in_chunk ? row : 0;
+      cp_async_16(&s.kq[row * kPitch + vec * 8], k_rows + src_row * p.k_strides.token, in_chunk);
+      cp_async_16(&s.kq[(kChunk + row) * kPitch + vec * 8], q_rows + src_row * p.q_strides.token, in_chunk);
+      if constexpr (!kStateGradOnly)  // V only feeds W
+        cp_async_16(&s.w[row * kPitch + vec * 8], v_rows + src_row * p.v_strides.token, in_chunk);
+      cp_async_16(&s.du_do[(kChunk + row) * kPitch + vec * 8], do_rows + src_row * bp.d_o_strides.token, in_chunk);
     }
     const Elem* saved = static_cast<const Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
     for (int e = threadIdx.x; e < (kStateGradOnly ? 0 : kHeadDim * 16); e += kThreads) {
@@ -251,7 +254,10 @@ struct FusedBackward {
       __syncthreads();  // the previous chunk is done with every buffer
       load_chunk(bp, s, b, t0, rows, hk, h, item.first_chunk_id + c);
       if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
-      for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) s.dgs_part[e / kChunk][e % kChunk] = 0.f;
+      static_assert(sizeof(s.dgs_part) == 2 * kThreads * sizeof(float), "two dgs_part slots per thread");
+      float* dgs_slots = &s.dgs_part[0][0];
+      dgs_slots[threadIdx.x] = 0.f;
+      dgs_slots[threadIdx.x + kThreads] = 0.f;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
