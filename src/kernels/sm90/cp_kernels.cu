@@ -17,7 +17,8 @@
 //                      of one sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
-//                      [128,32] = [128,128] @ [128,32] in fp32 from shared memory -> segment_starts
+//                      [128,32] = [128,128] @ [128,32] in fp32 from shared memory -> segment_starts;
+//                      step j + 1's M and S* are loaded (cp.async) while step j computes
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // With a window, S*_j differs from the true end state by the dropped part of the entering state,
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
@@ -75,44 +76,72 @@ __global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p, i
   if (threadIdx.x == 0) *window = 0;
 }
 
-constexpr int kSliceCols = 32;  // state columns per correction CTA
-constexpr int kPitchM = kHeadDim + 1;
+constexpr int kSliceCols = 32;             // state columns per correction CTA
+constexpr int kPitchM = kHeadDim + 4;      // floats per row of M in shared memory (16-byte rows)
+constexpr int kCorrectionThreads = 256;
 
+// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
 struct CorrectionStorage {
-  float m[kHeadDim * kPitchM];
-  float s[kHeadDim * kSliceCols];
+  alignas(16) float m[2][kHeadDim * kPitchM];
+  alignas(16) float base[2][kHeadDim * kSliceCols];
+  alignas(16) float s[kHeadDim * kSliceCols];
 };
 
-// One serial step of a correction: next = base + (apply_m ? M S : 0), with M = m_block or, with
-// kTransposed, its transpose, and S the running [128, 32] slice in smem.s; then S := next, also
-// written to `out`. Thread layout: row k = tid / 2, 16 columns from c0 = 16 * (tid % 2). Every
+// A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
+// (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state) and, when apply_m, all of M.
+__device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, int buf, const float* base,
+                                                     const float* m, bool apply_m, int col0) {
+  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
+    const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+    cp_async_16(&smem.base[buf][row * kSliceCols + 4 * vec], base + row * kHeadDim + col0 + 4 * vec, true);
+  }
+  if (apply_m) {
+    for (int e = threadIdx.x; e < kHeadDim * kHeadDim / 4; e += kCorrectionThreads) {
+      const int row = e / (kHeadDim / 4), vec = e % (kHeadDim / 4);
+      cp_async_16(&smem.m[buf][row * kPitchM + 4 * vec], m + row * kHeadDim + 4 * vec, true);
+    }
+  }
+  cp_async_commit();
+}
+
+// One serial step of a correction from buffer `buf` (loaded, and visible after a barrier): next =
+// base + (apply_m ? M S : 0), with M or, with kTransposed, its transpose (read by columns), and S
+// the running [128, 32] slice in smem.s; then S := next, also written to `out` (a [128][128] fp32
+// workspace state). Thread layout: row k = tid / 2, 16 columns from c0 = 16 * (tid % 2). Every
 // thread of the block calls it with the same apply_m (the barriers inside are block-uniform).
 template <bool kTransposed>
-__device__ __forceinline__ void correction_step(CorrectionStorage& smem, StateBlock base, StateBlock m_block,
-                                                bool apply_m, StateBlock out, int col0) {
+__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf, bool apply_m, float* out, int col0) {
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float next[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) next[i] = base.load(k, col0 + c0 + i);
+  for (int v = 0; v < 4; ++v) {
+    const float4 x = *reinterpret_cast<const float4*>(&smem.base[buf][k * kSliceCols + c0 + 4 * v]);
+    next[4 * v] = x.x, next[4 * v + 1] = x.y, next[4 * v + 2] = x.z, next[4 * v + 3] = x.w;
+  }
   if (apply_m) {
-    for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x) {
-      const int r = e / kHeadDim, c = e % kHeadDim;
-      smem.m[(kTransposed ? c : r) * kPitchM + (kTransposed ? r : c)] = m_block.load(r, c);
-    }
-    __syncthreads();
+    const float* m = smem.m[buf];
+#pragma unroll 4
     for (int r = 0; r < kHeadDim; ++r) {
-      const float mk = smem.m[k * kPitchM + r];
+      const float mk = kTransposed ? m[r * kPitchM + k] : m[k * kPitchM + r];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) next[i] += mk * smem.s[r * kSliceCols + c0 + i];
+      for (int v = 0; v < 4; ++v) {
+        const float4 x = *reinterpret_cast<const float4*>(&smem.s[r * kSliceCols + c0 + 4 * v]);
+        next[4 * v] += mk * x.x, next[4 * v + 1] += mk * x.y, next[4 * v + 2] += mk * x.z, next[4 * v + 3] += mk * x.w;
+      }
     }
   }
-  __syncthreads();  // every thread is done reading s (and m)
+  __syncthreads();  // every thread is done reading s
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    smem.s[k * kSliceCols + c0 + i] = next[i];
-    out.store(k, col0 + c0 + i, next[i]);
+  for (int v = 0; v < 4; ++v) {
+    const float4 x = make_float4(next[4 * v], next[4 * v + 1], next[4 * v + 2], next[4 * v + 3]);
+    *reinterpret_cast<float4*>(&smem.s[k * kSliceCols + c0 + 4 * v]) = x;
+    *reinterpret_cast<float4*>(&out[k * kHeadDim + col0 + c0 + 4 * v]) = x;
   }
-  __syncthreads();
+}
+
+// segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
+__device__ __forceinline__ float* segment_block(float* buffer, int num_v_heads, int64_t segment, int h) {
+  return static_cast<float*>(segment_state(buffer, num_v_heads, segment, h).base);
 }
 
 // The (sequence, v-head, column slice) of a correction CTA and its sequence's segments (the count
@@ -133,7 +162,7 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
   return at;
 }
 
-__global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -149,19 +178,33 @@ __global__ void __launch_bounds__(256) cp_correction_kernel(const ForwardParams 
     for (int i = 0; i < 16; ++i)
       first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
   }
-  for (int64_t j = 1; j < count; ++j) {
+  // Step j (1 <= j < count) reads segment prev = first + j - 1: S*_prev and, without a window
+  // (and past the first segment, whose S* already starts from h0), M_prev.
+  auto apply_m = [&](int64_t j) { return j - 1 > 0 && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0; };
+  auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = first + j - 1;
-    const bool apply_m = j - 1 > 0 && p.window_chunks[prev * p.num_v_heads + h] == 0;
-    correction_step<false>(smem, segment_state(p.segment_ends, p.num_v_heads, prev, h),
-                           segment_state(p.segment_transitions, p.num_v_heads, prev, h), apply_m,
-                           segment_state(p.segment_starts, p.num_v_heads, first + j, h), col0);
+    load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
+                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), apply_m(j), col0);
+  };
+  if (count > 1) load_step(1, 0);
+  for (int64_t j = 1; j < count; ++j) {
+    const int buf = static_cast<int>((j - 1) & 1);
+    if (j + 1 < count) {
+      load_step(j + 1, buf ^ 1);  // buffer buf ^ 1 was last read by step j - 1, before its barrier
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // step j's inputs, and the previous step's s, visible to every thread
+    correction_step<false>(smem, buf, apply_m(j), segment_block(p.segment_starts, p.num_v_heads, first + j, h), col0);
+    __syncthreads();  // s written; buffer buf free for step j + 2
   }
 }
 
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. Same
-// thread layout as the forward.
-__global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardParams bp) {
+// thread layout and prefetching as the forward.
+__global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(const BackwardParams bp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const ForwardParams& p = bp.fwd;
@@ -178,13 +221,28 @@ __global__ void __launch_bounds__(256) cp_grad_correction_kernel(const BackwardP
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-  __syncthreads();
+  // Step j (count - 1 >= j >= 1) reads segment x = first + j: dS*_x and, without a (backward)
+  // window, M_x (for the last segment only when dht flows into it).
+  auto apply_m = [&](int64_t j) {
+    return p.grad_window_chunks[(first + j) * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
+  };
+  auto load_step = [&](int64_t j, int buf) {
+    load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h),
+                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), apply_m(j), col0);
+  };
+  if (count > 1) load_step(count - 1, 0);
   for (int64_t j = count - 1; j >= 1; --j) {
-    const int64_t x = first + j;
-    const bool apply_m = p.grad_window_chunks[x * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
-    correction_step<true>(smem, segment_state(bp.segment_grad_starts, p.num_v_heads, x, h),
-                          segment_state(p.segment_transitions, p.num_v_heads, x, h), apply_m,
-                          segment_state(bp.segment_grad_ends, p.num_v_heads, x - 1, h), col0);
+    const int buf = static_cast<int>((count - 1 - j) & 1);
+    if (j - 1 >= 1) {
+      load_step(j - 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    correction_step<true>(smem, buf, apply_m(j), segment_block(bp.segment_grad_ends, p.num_v_heads, first + j - 1, h),
+                          col0);
+    __syncthreads();
   }
 }
 
@@ -197,7 +255,7 @@ cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t str
       err != cudaSuccess)
     return err;
   cp_grad_correction_kernel<<<dim3(static_cast<unsigned>(bp.fwd.num_seqs), bp.fwd.num_v_heads, kHeadDim / kSliceCols),
-                              256, smem, stream>>>(bp);
+                              kCorrectionThreads, smem, stream>>>(bp);
   return cudaGetLastError();
 }
 
@@ -217,8 +275,8 @@ cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
   if (auto err = cudaFuncSetAttribute(cp_correction_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  cp_correction_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, kHeadDim / kSliceCols), 256, smem,
-                         stream>>>(p);
+  cp_correction_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, kHeadDim / kSliceCols),
+                         kCorrectionThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
