@@ -1,7 +1,7 @@
-"""One forward call to profile with ncu (DESIGN §5 inputs, CP off unless the planner can see the
-lengths: the device cu_seqlens only).
+"""One forward call to profile with ncu (DESIGN §5 inputs). Without "cp" the planner cannot see
+the lengths (device cu_seqlens only), so CP stays off; with "cp" it gets the host copy and CP on.
 
-    python bench/profile_forward.py [COUNTxLENGTH HQK HV]     (default 1x8192 16 32)
+    python bench/profile_forward.py [COUNTxLENGTH HQK HV [cp]]     (default 1x8192 16 32)
 """
 
 import importlib.util
@@ -15,8 +15,11 @@ if importlib.util.find_spec("flashgdn") is None:
 import flashgdn  # noqa: E402
 from flashgdn.bench.inputs import make_inputs  # noqa: E402
 
-spec, hqk, hv = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) == 4 else ("1x8192", 16, 32)
+args = sys.argv[1:]
+spec, hqk, hv = (args[0], int(args[1]), int(args[2])) if len(args) >= 3 else ("1x8192", 16, 32)
+with_cp = args[3:4] == ["cp"]
 count, length = (int(n) for n in spec.split("x"))
 inp = make_inputs([length] * count, hqk, hv)
-flashgdn.chunk_gated_delta_rule(**inp["x"], cu_seqlens=inp["cu"], output_final_state=True)
+extra = dict(cu_seqlens_cpu=inp["cu_cpu"], auto_cp=True) if with_cp else {}
+flashgdn.chunk_gated_delta_rule(**inp["x"], cu_seqlens=inp["cu"], output_final_state=True, **extra)
 torch.cuda.synchronize()

@@ -78,11 +78,11 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  for config in "4x8192 16 32" "1x32768 2 8"; do  # time per kernel of one call
+  for config in "4x8192 16 32" "1x32768 2 8" "1x32768 2 8 cp"; do  # time per kernel of one call
     ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn --metrics gpu__time_duration.sum \
       python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
     echo "kernel times, $config:"
-    grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | head -8
+    grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
   done
 fi
 
