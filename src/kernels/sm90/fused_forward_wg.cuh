@@ -66,8 +66,8 @@ struct FusedForwardWg {
     alignas(1024) unsigned char p[kSquareTileBytes];
     alignas(1024) unsigned char ag[kSquareTileBytes];
     alignas(16) InverseT inverse[2][kChunk * kInversePitch];
-    float gcum[2][kChunk];
-    float beta[2][kChunk];
+    alignas(16) float gcum[2][kChunk];
+    alignas(16) float beta[2][kChunk];
   };
 
   static __device__ __forceinline__ Elem* element(unsigned char* tile, uint32_t offset) {
@@ -155,16 +155,22 @@ struct FusedForwardWg {
 #pragma unroll
       for (int i = 0; i < kElemsPerVec; ++i) a_r[vec * kElemsPerVec + i] = to_float(x[i]);
     }
-    const float* gcum = s.gcum[buf];
-    const float* beta = s.beta[buf];
-    const float g_row = gcum[row];
+    float g_col[32], beta_col[32];  // 16-byte loads of the 32 columns' gates and betas
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[buf][col0 + 4 * v]);
+      const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[buf][col0 + 4 * v]);
+      g_col[4 * v] = g4.x, g_col[4 * v + 1] = g4.y, g_col[4 * v + 2] = g4.z, g_col[4 * v + 3] = g4.w;
+      beta_col[4 * v] = b4.x, beta_col[4 * v + 1] = b4.y, beta_col[4 * v + 2] = b4.z, beta_col[4 * v + 3] = b4.w;
+    }
+    const float g_row = s.gcum[buf][row];
 #pragma unroll
     for (int c = 0; c < 32; c += 2) {
       float gated[2];
 #pragma unroll
       for (int d = 0; d < 2; ++d) {
         const int col = col0 + c + d;
-        gated[d] = row < rows && row >= col ? exp2_approx(g_row - gcum[col]) * a_r[c + d] * beta[col] : 0.f;
+        gated[d] = row < rows && row >= col ? exp2_approx(g_row - g_col[c + d]) * a_r[c + d] * beta_col[c + d] : 0.f;
       }
       store_pair(element(s.ag, wg::swizzled_offset(row, col0 + c)), gated[0], gated[1]);
     }
