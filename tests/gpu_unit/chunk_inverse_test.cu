@@ -1,7 +1,8 @@
 // GPU unit test of the chunk inverse (src/kernels/sm90/chunk_inverse.cuh): A_r = (I + StrictLower(
 // diag(beta) K K^T))^{-1} per (chunk, v-head) against a float64 forward substitution on the host, on
 // 200 tokens (three full chunks and one of 8 rows) and two value heads sharing one key head, with
-// fp32 and bf16 storage of A_r; entries above the diagonal and rows past the tokens are checked too.
+// fp32 and bf16 storage of A_r; entries above the diagonal are checked too, and the rows of the last
+// chunk past the 200 tokens (a guard zone after the output) must stay untouched.
 // Exit codes: 0 pass, 1 a mismatch, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -55,9 +56,10 @@ bool run(const char* name, const __nv_bfloat16* k_dev, const float* beta_dev, co
          double tolerance) {
   using InverseT = kern::InverseType<I>;
   const size_t count = static_cast<size_t>(T) * Hv * C;
+  const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
   InverseT* inverse = nullptr;
-  cudaMalloc(&inverse, count * sizeof(InverseT));
-  cudaMemset(inverse, 0xff, count * sizeof(InverseT));  // NaN poison
+  cudaMalloc(&inverse, guarded * sizeof(InverseT));
+  cudaMemset(inverse, 0xff, guarded * sizeof(InverseT));  // NaN poison
   kern::ForwardParams p;
   p.k = k_dev;
   p.k_strides = {static_cast<int64_t>(T) * Hqk * D, Hqk * D, D};
@@ -77,18 +79,21 @@ bool run(const char* name, const __nv_bfloat16* k_dev, const float* beta_dev, co
     cudaFree(inverse);
     return false;
   }
-  std::vector<InverseT> got(count);
-  cudaMemcpy(got.data(), inverse, count * sizeof(InverseT), cudaMemcpyDeviceToHost);
+  std::vector<InverseT> got(guarded);
+  cudaMemcpy(got.data(), inverse, guarded * sizeof(InverseT), cudaMemcpyDeviceToHost);
   cudaFree(inverse);
+  const auto* guard = reinterpret_cast<const unsigned char*>(got.data() + count);
+  const bool guard_intact =
+      std::all_of(guard, guard + (guarded - count) * sizeof(InverseT), [](unsigned char x) { return x == 0xff; });
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < count; ++i) {
     const double value = to_double(got[i]);
     max_err = std::isfinite(value) ? std::fmax(max_err, std::fabs(value - want[i])) : INFINITY;
     max_ref = std::fmax(max_ref, std::fabs(want[i]));
   }
-  const bool ok = max_err <= tolerance * max_ref;
-  std::printf("%-20s max |err| %.3e (max |A_r| %.3e, tolerance %.0e relative): %s\n", name, max_err, max_ref,
-              tolerance, ok ? "ok" : "FAIL");
+  const bool ok = max_err <= tolerance * max_ref && guard_intact;
+  std::printf("%-20s max |err| %.3e (max |A_r| %.3e, tolerance %.0e relative), rows past the tokens %s: %s\n",
+              name, max_err, max_ref, tolerance, guard_intact ? "untouched" : "WRITTEN", ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -103,7 +108,10 @@ int main() {
   for (int t = 0; t < T; ++t) {  // unit keys, as after the L2 norm
     std::vector<float> row(D);
     double norm = 0;
-    for (float& x : row) norm += double(x = normal(rng)) * x;
+    for (float& x : row) {
+      x = normal(rng);
+      norm += double(x) * x;
+    }
     for (int d = 0; d < D; ++d) k[t * D + d] = __float2bfloat16(row[d] / std::sqrt(norm));
   }
   std::vector<float> beta(static_cast<size_t>(T) * Hv);
