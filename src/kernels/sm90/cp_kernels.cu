@@ -120,14 +120,24 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf
   }
   if (apply_m) {
     const float* m = smem.m[buf];
-#pragma unroll 4
-    for (int r = 0; r < kHeadDim; ++r) {
-      const float mk = kTransposed ? m[r * kPitchM + k] : m[k * kPitchM + r];
+#pragma unroll 2
+    for (int r0 = 0; r0 < kHeadDim; r0 += 4) {
+      float mk[4];  // M[k][r0..] as one 16-byte read (conflict-free), or M[r0..][k] by columns
+      if constexpr (kTransposed) {
 #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const float4 x = *reinterpret_cast<const float4*>(&smem.s[r * kSliceCols + c0 + 4 * v]);
-        next[4 * v] += mk * x.x, next[4 * v + 1] += mk * x.y, next[4 * v + 2] += mk * x.z, next[4 * v + 3] += mk * x.w;
+        for (int i = 0; i < 4; ++i) mk[i] = m[(r0 + i) * kPitchM + k];
+      } else {
+        const float4 row = *reinterpret_cast<const float4*>(&m[k * kPitchM + r0]);
+        mk[0] = row.x, mk[1] = row.y, mk[2] = row.z, mk[3] = row.w;
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const float4 x = *reinterpret_cast<const float4*>(&smem.s[(r0 + i) * kSliceCols + c0 + 4 * v]);
+          next[4 * v] += mk[i] * x.x, next[4 * v + 1] += mk[i] * x.y;
+          next[4 * v + 2] += mk[i] * x.z, next[4 * v + 3] += mk[i] * x.w;
+        }
     }
   }
   __syncthreads();  // every thread is done reading s

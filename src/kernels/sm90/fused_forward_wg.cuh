@@ -85,12 +85,12 @@ struct FusedForwardWg {
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");
   }
 
-  // K and Q rows of the chunk, V (zeros when zero_v) and the A_r rows into buffer `buf`; rows past
-  // the chunk are zero-filled. Thread t copies 16-byte vector t % 16 of rows t / 16 + 16 j of the
+  // K and Q (only with_o) rows of the chunk, V (zeros when zero_v) and the A_r rows into buffer
+  // `buf`; rows past the chunk are zero-filled. Thread t copies 16-byte vector t % 16 of rows t / 16 + 16 j of the
   // K, Q and V tiles (one swizzled offset for the three) and its share of the A_r rows; sources are
   // the chunk's first row (CTA-uniform) plus row * token stride.
   static __device__ void load_chunk(const ForwardParams& p, SharedStorage& s, int64_t b, int64_t t0, int rows, int hk,
-                                    int h, bool zero_v, int buf) {
+                                    int h, bool zero_v, bool with_o, int buf) {
     const int vec = threadIdx.x % 16;
     const Elem* k_rows = row_ptr<Elem>(p.k, p.k_strides, b, t0, hk) + vec * 8;
     const Elem* q_rows = row_ptr<Elem>(p.q, p.q_strides, b, t0, hk) + vec * 8;
@@ -101,7 +101,7 @@ struct FusedForwardWg {
       const int64_t src_row = in_chunk ? row : 0;
       const uint32_t at = wg::tile_offset(row, vec * 8, kChunk);
       cp_async_16(s.k[buf] + at, k_rows + src_row * p.k_strides.token, in_chunk);
-      cp_async_16(s.q[buf] + at, q_rows + src_row * p.q_strides.token, in_chunk);
+      if (with_o) cp_async_16(s.q[buf] + at, q_rows + src_row * p.q_strides.token, in_chunk);
       cp_async_16(s.v[buf] + at, v_rows + src_row * p.v_strides.token, in_chunk && !zero_v);
     }
     const int inverse_vec = threadIdx.x % kInverseVecs;
@@ -189,8 +189,8 @@ struct FusedForwardWg {
     // group branches around the wgmmas as divergent and serialise them.
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     const int col0 = 64 * group;  // this group's value columns
-    // Passes without o (the CP state pass, the backward's chunk-state pass) skip Q entirely: QS,
-    // QK^T, P and P Vd. Made visibly uniform like `group`.
+    // Passes without o (the CP state pass, the backward's chunk-state pass) skip Q entirely: its
+    // loads, QS, QK^T, P and P Vd. Made visibly uniform like `group`.
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
 
     Acc state[2];
@@ -212,7 +212,7 @@ struct FusedForwardWg {
       const int64_t left = item.eos - (item.bos + c * kChunk);
       return static_cast<int>(left < kChunk ? left : kChunk);
     };
-    if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, 0);
+    if (num_chunks > 0) load_chunk(p, s, b, item.bos, chunk_rows(0), hk, h, item.zero_v, with_o, 0);
     ChunkGates gates;  // warp 0: the gates of the chunk about to run
     if (warp == 0 && num_chunks > 0) gates = fetch_chunk_gates(p, b, item.bos, chunk_rows(0), h);
     for (int64_t c = 0; c < num_chunks; ++c) {
@@ -225,7 +225,7 @@ struct FusedForwardWg {
       wg::fence_shared_to_async();  // the landed tiles and the state copy, for the wgmmas below
       __syncthreads();              // ... and chunk c-1 is done with every buffer[buf ^ 1]
       if (c + 1 < num_chunks) {
-        load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, buf ^ 1);
+        load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, with_o, buf ^ 1);
         if (warp == 0) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
       if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
