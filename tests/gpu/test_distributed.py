@@ -8,9 +8,11 @@ scaling) to the kernels' tolerances. g == 0 heads and strong-decay heads side by
 With a GPU the ranks run on it; without one (conftest skips tests/gpu) the CPU variant runs with
 `python -m pytest --noconftest tests/gpu/test_distributed.py` (needs torch)."""
 
+import datetime
 import os
 import socket
 import tempfile
+import time
 
 import pytest
 import torch
@@ -59,7 +61,8 @@ def loss_and_grads(x, h0, weights_o, weights_s, call, final_weight=1.0):
 
 def worker(rank, world, port, device, dtype, bounds, out_dir):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A collective that never completes fails after a minute instead of hanging the run.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         x, h0, weights_o, weights_s = make_full(device, dtype)
         lo, hi = bounds[rank], bounds[rank + 1]
@@ -90,8 +93,14 @@ def test_sharded_equals_whole(device, bounds):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     world = len(bounds) - 1
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(worker, args=(world, free_port(), device, dtype, bounds, out_dir), nprocs=world,
-                           join=True, start_method="spawn")
+        context = mp.start_processes(worker, args=(world, free_port(), device, dtype, bounds, out_dir), nprocs=world,
+                                     join=False, start_method="spawn")
+        deadline = time.monotonic() + 300
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.terminate()
+                pytest.fail(f"{world} ranks did not finish within 300 s")
         parts = [torch.load(os.path.join(out_dir, f"{r}.pt")) for r in range(world)]
     x, h0, weights_o, weights_s = make_full(device, dtype)
     o_ref, final_ref, grads_ref = loss_and_grads(x, h0, weights_o, weights_s, flashgdn.chunk_gated_delta_rule)
