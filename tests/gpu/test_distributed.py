@@ -1,9 +1,10 @@
 """Inter-GPU context parallelism (flashgdn.distributed) with several processes: 2, 3, 4 and 8 ranks over
 gloo, each holding a contiguous shard (unequal lengths) of the same sequences, against the
-single-process call on the whole sequences: o, the final state and every gradient (the shards'
-and the initial state's, summed over ranks). On the CPU (the float64 reference, float64 inputs)
-the two agree to fp32 rounding (states cross ranks in fp32); on the GPU (all ranks on one device: the exchange logic, not the
-scaling) to the kernels' tolerances. g == 0 heads and strong-decay heads side by side.
+single-process call on the whole sequences through the float64 reference: o, the final state and
+every gradient (the shards' and the initial state's, summed over ranks). On the CPU (the float64
+reference, float64 inputs) the two agree to fp32 rounding (states cross ranks in fp32); on the GPU
+(all ranks on one device: the exchange logic, not the scaling) to the kernels' tolerances. g == 0
+heads and strong-decay heads side by side.
 
 With a GPU the ranks run on it; without one (conftest skips tests/gpu) the CPU variant runs with
 `python -m pytest --noconftest tests/gpu/test_distributed.py` (needs torch)."""
@@ -102,14 +103,21 @@ def test_sharded_equals_whole(device, bounds):
                     process.terminate()
                 pytest.fail(f"{world} ranks did not finish within 300 s")
         parts = [torch.load(os.path.join(out_dir, f"{r}.pt")) for r in range(world)]
+    # The reference: the whole-sequence call through the float64 reference on the CPU, on the same
+    # (on the GPU: bf16-rounded) inputs. On the CPU the sharded run is the same reference, so the
+    # two agree to the fp32 states' rounding; on the GPU the sharded kernels are held to the
+    # tolerances of a single call against float64 with room for the extra bf16 roundings of the
+    # transitions M (o, final state 1%, gradients 2%).
     x, h0, weights_o, weights_s = make_full(device, dtype)
-    o_ref, final_ref, grads_ref = loss_and_grads(x, h0, weights_o, weights_s, flashgdn.chunk_gated_delta_rule)
+    x = {n: t.cpu().double() for n, t in x.items()}
+    o_ref, final_ref, grads_ref = loss_and_grads(x, h0.cpu(), weights_o.cpu(), weights_s.cpu(),
+                                                 flashgdn.chunk_gated_delta_rule)
     o = torch.cat([p["o"] for p in parts], dim=1)
     grads = {n: torch.cat([p["grads"][n] for p in parts], dim=1) for n in NAMES}
     grads["h0"] = sum(p["grads"]["h0"] for p in parts)
-    tol = 1e-5 if device == "cpu" else 1e-2  # states cross calls and ranks in fp32
-    errors = {"o": rel_l2(o, o_ref.cpu()), "final": max(rel_l2(p["final"], final_ref.cpu()) for p in parts)}
-    errors.update({f"d{n}": rel_l2(grads[n], grads_ref[n].cpu()) for n in grads})
+    errors = {"o": rel_l2(o, o_ref), "final": max(rel_l2(p["final"], final_ref) for p in parts)}
+    errors.update({f"d{n}": rel_l2(grads[n], grads_ref[n]) for n in grads})
     print(f"{world} ranks on {device}:", " ".join(f"{n}={e:.1e}" for n, e in errors.items()))
-    over = {n: e for n, e in errors.items() if not e <= tol}
-    assert not over, f"sharded vs whole over {tol}: {over}"
+    tolerances = {n: (1e-5 if device == "cpu" else 1e-2 if n in ("o", "final") else 2e-2) for n in errors}
+    over = {n: e for n, e in errors.items() if not e <= tolerances[n]}
+    assert not over, f"sharded vs the whole-sequence reference over tolerance: {over}"
