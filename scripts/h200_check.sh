@@ -54,7 +54,7 @@ ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
 note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
-note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt"), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
+note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt") (waits $(grep -c WARPGROUP.DEPBAR "$OUT/sass.txt"): one per HGMMA means serialised), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
 
 python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 note "pytest: $(tail -1 "$OUT/pytest.log")"

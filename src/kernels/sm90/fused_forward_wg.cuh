@@ -129,17 +129,36 @@ struct FusedForwardWg {
     }
   }
 
+  // This lane's row address for x4 matrix transfers (stmatrix_x4 / ldmatrix_x4) of columns
+  // 8 j .. 8 j + 15 of the warp's 16 accumulator rows (row0 + 16 w ..) of a 128B-swizzled panel:
+  // matrix m = lane / 8 is (row half m % 2, column block j + m / 2), and the lane gives its row lane % 8.
+  static __device__ __forceinline__ unsigned char* fragment_rows(unsigned char* panel, int row0, int j) {
+    const int lane = threadIdx.x % 32, m = lane / 8;
+    return panel +
+           wg::swizzled_offset(row0 + 16 * ((threadIdx.x / 32) % 4) + 8 * (m % 2) + lane % 8, 8 * (j + m / 2));
+  }
+
+  // A [64, 64] accumulator tile (element 4 j + e = value(j, e)) -> Elem tile rows row0 .. of a
+  // panel, by four stmatrix_x4: matrix (row half h, column block jj) is elements 4 jj + 2 h (+ 1).
+  template <typename F>
+  static __device__ __forceinline__ void store_fragments(unsigned char* panel, int row0, F&& value) {
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int jj = j + m / 2, e = 2 * (m % 2);
+        regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
+      }
+      stmatrix_x4(fragment_rows(panel, row0, j), regs);
+    }
+  }
+
   // This group's columns of S (rows 64 i + acc rows) -> the bf16 copy (panel `group`).
   static __device__ void store_state_copy(SharedStorage& s, const Acc (&state)[2], int group) {
     unsigned char* panel = s.state + group * kStatePanelBytes;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2)
-          store_pair(element(panel, wg::swizzled_offset(64 * i + acc_row(e), acc_col(j, e))), state[i][4 * j + e],
-                     state[i][4 * j + e + 1]);
+    for (int i = 0; i < 2; ++i) store_fragments(panel, 64 * i, [&](int j, int e) { return state[i][4 * j + e]; });
   }
 
   // Ag = G (.) A_r (.) 1 beta^T (lower triangle with diagonal, rows past the chunk zero), by the
@@ -260,20 +279,11 @@ struct FusedForwardWg {
         wg::commit();
         wg::wait<0>();
         wg::fence_operand(qk);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // P = G (.) QK^T, lower triangle with diagonal
-          const int row = acc_row(2 * half);
-          const float g_row = gcum[row];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int col = acc_col(j, 2 * half);
-            float gated[2];
-#pragma unroll
-            for (int d = 0; d < 2; ++d)
-              gated[d] = row >= col + d ? exp2_approx(g_row - gcum[col + d]) * qk[4 * j + 2 * half + d] : 0.f;
-            store_pair(element(s.p, wg::swizzled_offset(row, col)), gated[0], gated[1]);
-          }
-        }
+        const float g_rows[2] = {gcum[acc_row(0)], gcum[acc_row(2)]};
+        store_fragments(s.p, 0, [&](int j, int e) {  // P = G (.) QK^T, lower triangle with diagonal
+          const int row = acc_row(e), col = acc_col(j, e);
+          return row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * qk[4 * j + e] : 0.f;
+        });
       }
       wg::fence_operand(u);
       wg::fence_operand(qs);
@@ -307,17 +317,10 @@ struct FusedForwardWg {
       wg::fence_operand(u);
       unsigned char* vd_panel = s.vd + group * kPanelBytes;
       unsigned char* vd_decayed_panel = s.vd_decayed + group * kPanelBytes;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = acc_row(2 * half);
-        const float rho = exp2_approx(gamma - gcum[row]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t at = wg::swizzled_offset(row, acc_col(j, 2 * half));
-          const float x0 = u[4 * j + 2 * half], x1 = u[4 * j + 2 * half + 1];
-          if (with_o) store_pair(element(vd_panel, at), x0, x1);
-          store_pair(element(vd_decayed_panel, at), rho * x0, rho * x1);
-        }
+      {
+        const float rho[2] = {exp2_approx(gamma - gcum[acc_row(0)]), exp2_approx(gamma - gcum[acc_row(2)])};
+        if (with_o) store_fragments(vd_panel, 0, [&](int j, int e) { return u[4 * j + e]; });
+        store_fragments(vd_decayed_panel, 0, [&](int j, int e) { return rho[e / 2] * u[4 * j + e]; });
       }
       wg::fence_shared_to_async();  // Vd, rho Vd
       group_barrier(group);

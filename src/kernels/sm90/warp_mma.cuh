@@ -30,6 +30,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(row_ptr)));
 }
 
+// The inverse of ldmatrix_x4 (sm_90): four 8x8 b16 matrices to shared memory; lane L supplies the
+// row address of matrix L / 8, row L % 8, and register i holds the thread's pair of matrix i (row
+// lane / 4, columns 2 (lane % 4) and + 1: the mma C-fragment layout of one 8x8 block).
+__device__ __forceinline__ void stmatrix_x4(void* row_ptr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row_ptr)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
@@ -143,6 +152,19 @@ __device__ __forceinline__ void store_pair(T* dst, float x0, float x1) {
   }
 }
 
+// Two adjacent elements packed into one 32-bit register (the low half holds x0).
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(x0, x1);
+    bits = *reinterpret_cast<const uint32_t*>(&pair);
+  } else {
+    const __half2 pair = __floats2half2_rn(x0, x1);
+    bits = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return bits;
+}
 // 2^x by the special-function unit (max relative error about 2^-22; subnormal results flush to
 // zero). Gates are kept in log2 units so that every decay factor is one ex2 of a non-positive
 // argument.
