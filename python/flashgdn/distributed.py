@@ -65,8 +65,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     all ranks, T_r its own), and the same scale, flags and initial_state [B, Hv, K, V] (fp32; the
     state entering rank 0's shard). Returns (o of the shard, the state after the whole sequence or
     None); the final state is the same tensor on every rank. Every rank must make the call (it
-    communicates), with the same output_final_state, and backpropagate through its o (the backward
-    all-reduces hang on that rank's o).
+    communicates), with the same output_final_state and the same inputs requiring gradients, and
+    backpropagate through its o (the backward all-reduces hang on that rank's o; a rank whose
+    exchanged maps need no gradient records no backward all-reduce).
     """
     _check_inputs(q, k, v, g, beta, initial_state, None)
     world, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -127,30 +127,40 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
 
 namespace flashgdn::detail {
 
-Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                            cudaStream_t stream) {
+namespace {
+
+// Calls launch.template operator()<E, I>() for the runtime (elem, inverse): the explicit
+// instantiations of a launcher template (src/kernels/sm90/instantiations/).
+template <typename Launch>
+cudaError_t launch_variant(kern::ElemKind elem, kern::InverseKind inverse, Launch&& launch) {
   using kern::ElemKind;
   using kern::InverseKind;
-  const bool bf16 = elem == ElemKind::kBF16, inverse_f32 = inverse == InverseKind::kF32;
-  const auto launch =
-      bf16 ? (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kF32>
-                          : kern::launch_chunk_inverse<ElemKind::kBF16, InverseKind::kBF16>)
-           : (inverse_f32 ? kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kF32>
-                          : kern::launch_chunk_inverse<ElemKind::kF16, InverseKind::kBF16>);
-  return cuda_status(launch(p, stream), "chunk_inverse");
+  const bool inverse_f32 = inverse == InverseKind::kF32;
+  if (elem == ElemKind::kBF16)
+    return inverse_f32 ? launch.template operator()<ElemKind::kBF16, InverseKind::kF32>()
+                       : launch.template operator()<ElemKind::kBF16, InverseKind::kBF16>();
+  return inverse_f32 ? launch.template operator()<ElemKind::kF16, InverseKind::kF32>()
+                     : launch.template operator()<ElemKind::kF16, InverseKind::kBF16>();
+}
+
+}  // namespace
+
+Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
+                            cudaStream_t stream) {
+  return cuda_status(launch_variant(elem, inverse,
+                                    [&]<kern::ElemKind E, kern::InverseKind I>() {
+                                      return kern::launch_chunk_inverse<E, I>(p, stream);
+                                    }),
+                     "chunk_inverse");
 }
 
 Status launch_fused_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                             cudaStream_t stream) {
-  using kern::ElemKind;
-  using kern::InverseKind;
-  const bool bf16 = elem == ElemKind::kBF16, inverse_f32 = inverse == InverseKind::kF32;
-  const auto launch =
-      bf16 ? (inverse_f32 ? kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kF32>
-                          : kern::launch_fused_forward<ElemKind::kBF16, InverseKind::kBF16>)
-           : (inverse_f32 ? kern::launch_fused_forward<ElemKind::kF16, InverseKind::kF32>
-                          : kern::launch_fused_forward<ElemKind::kF16, InverseKind::kBF16>);
-  return cuda_status(launch(p, stream), "fused_forward");
+  return cuda_status(launch_variant(elem, inverse,
+                                    [&]<kern::ElemKind E, kern::InverseKind I>() {
+                                      return kern::launch_fused_forward<E, I>(p, stream);
+                                    }),
+                     "fused_forward");
 }
 
 }  // namespace flashgdn::detail

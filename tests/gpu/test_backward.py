@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flashgdn
+from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import backward_into
 
 from conftest import REGIMES, make_inputs
@@ -348,14 +349,7 @@ def test_cuda_graph(seed):
                                                   y["initial_state"], cu, 128 ** -0.5, False, False)
         return list(grads), list(var)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads, var = step()
+    graph, (grads, var) = capture_graph(step)
     for _ in range(2):
         fresh = make_inputs(2, 1000, 2, 4, regime="mixed")
         with torch.no_grad():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import flashgdn
+from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import forward_into
 
 from conftest import REGIMES, make_inputs
@@ -140,15 +141,8 @@ def test_python_switch_and_bad_arguments(seed):
 def test_cuda_graph(seed):
     x = make_inputs(2, 2000, 2, 4, regime="mixed")
     static = {k: v.clone() for k, v in x.items()}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        flashgdn.chunk_gated_delta_rule(**static, output_final_state=True, auto_cp=True, cp_segment_chunks=4)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, final = flashgdn.chunk_gated_delta_rule(**static, output_final_state=True, auto_cp=True,
-                                                   cp_segment_chunks=4)
+    graph, (o, final) = capture_graph(lambda: flashgdn.chunk_gated_delta_rule(
+        **static, output_final_state=True, auto_cp=True, cp_segment_chunks=4))
     fresh = make_inputs(2, 2000, 2, 4, regime="model")
     for key in static:
         static[key].copy_(fresh[key])

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import flashgdn
+from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import forward_into
 
 from conftest import REGIMES, make_inputs
@@ -357,15 +358,12 @@ def test_cuda_graph(seed):
     lengths = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
     y = make_inputs(1, 1000, 2, 4, regime="model", N=2)
     static = {k: v.clone() for k, v in x.items()}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        flashgdn.chunk_gated_delta_rule(**static, output_final_state=True)  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, final = flashgdn.chunk_gated_delta_rule(**static, output_final_state=True)
-        o_var, final_var = flashgdn.chunk_gated_delta_rule(**y, cu_seqlens=lengths, output_final_state=True)
+
+    def step():
+        return (flashgdn.chunk_gated_delta_rule(**static, output_final_state=True),
+                flashgdn.chunk_gated_delta_rule(**y, cu_seqlens=lengths, output_final_state=True))
+
+    graph, ((o, final), (o_var, final_var)) = capture_graph(step)
     for _ in range(2):
         fresh = make_inputs(2, 1000, 2, 4, regime="mixed")
         for key in static:
@@ -393,14 +391,7 @@ def test_cuda_graph_serves_any_lengths(seed):
         return o, final, grads
 
     cu.copy_(torch.tensor([0, 500, 1000, 1500, 2000], dtype=torch.int32))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, final, grads = step()
+    graph, (o, final, grads) = capture_graph(step)
     for offsets in ([0, 1, 64, 65, 1999], [0, 0, 0, 1300, 1300], [0, 2000, 2000, 2000, 2000]):
         cu.copy_(torch.tensor(offsets, dtype=torch.int32))
         fresh = make_inputs(1, T, 2, 4, regime="mixed", N=N)

@@ -5,12 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
-#include <cstdio>
-#include <random>
-#include <vector>
-
 #include "kernels/sm90/warp_mma.cuh"
+#include "gemm_fixture.h"
 #include "sm90_device.h"
 
 namespace {
@@ -49,52 +45,21 @@ __global__ void gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, floa
 }
 
 template <Stored kA, Stored kB>
-bool run(const char* name, const __nv_bfloat16* a, const __nv_bfloat16* b, float* d, const std::vector<double>& want) {
-  cudaMemset(d, 0xff, M * N * sizeof(float));  // NaN poison
-  gemm_kernel<kA, kB><<<1, 256>>>(a, b, d);
-  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-    std::printf("%-32s CUDA error: %s\n", name, cudaGetErrorString(err));
-    return false;
-  }
-  std::vector<float> got(M * N);
-  cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  double max_err = 0, max_ref = 0;
-  for (int i = 0; i < M * N; ++i) {
-    max_err = std::isfinite(got[i]) ? std::fmax(max_err, std::fabs(got[i] - want[i])) : INFINITY;
-    max_ref = std::fmax(max_ref, std::fabs(want[i]));
-  }
-  const bool ok = max_err <= 1e-4 * max_ref;
-  std::printf("%-32s max |err| %.3e (max |ref| %.3e): %s\n", name, max_err, max_ref, ok ? "ok" : "FAIL");
-  return ok;
+bool run(const char* name, const Bf16Gemm& gemm) {
+  gemm.poison();
+  gemm_kernel<kA, kB><<<1, 256>>>(gemm.a, gemm.b, gemm.d);
+  return gemm.check(name);
 }
 
 }  // namespace
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  std::mt19937 rng(99);
-  std::normal_distribution<float> normal;
-  std::vector<__nv_bfloat16> a(M * K), b(K * N);
-  std::vector<double> a_val(M * K), b_val(K * N), want(M * N, 0.0);
-  for (int i = 0; i < M * K; ++i) a_val[i] = __bfloat162float(a[i] = __float2bfloat16(normal(rng)));
-  for (int i = 0; i < K * N; ++i) b_val[i] = __bfloat162float(b[i] = __float2bfloat16(normal(rng)));
-  for (int m = 0; m < M; ++m)
-    for (int k = 0; k < K; ++k)
-      for (int n = 0; n < N; ++n) want[m * N + n] += a_val[m * K + k] * b_val[k * N + n];
-  __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
-  float* d_dev = nullptr;
-  cudaMalloc(&a_dev, a.size() * 2);
-  cudaMalloc(&b_dev, b.size() * 2);
-  cudaMalloc(&d_dev, M * N * sizeof(float));
-  cudaMemcpy(a_dev, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(b_dev, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  const Bf16Gemm gemm(M, N, K, 99);
   bool ok = true;
-  ok &= run<Stored::kRowMajor, Stored::kRowMajor>("A row-major, B row-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Stored::kRowMajor, Stored::kTransposed>("A row-major, B transposed", a_dev, b_dev, d_dev, want);
-  ok &= run<Stored::kTransposed, Stored::kRowMajor>("A transposed, B row-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Stored::kTransposed, Stored::kTransposed>("A transposed, B transposed", a_dev, b_dev, d_dev, want);
-  cudaFree(a_dev);
-  cudaFree(b_dev);
-  cudaFree(d_dev);
+  ok &= run<Stored::kRowMajor, Stored::kRowMajor>("A row-major, B row-major", gemm);
+  ok &= run<Stored::kRowMajor, Stored::kTransposed>("A row-major, B transposed", gemm);
+  ok &= run<Stored::kTransposed, Stored::kRowMajor>("A transposed, B row-major", gemm);
+  ok &= run<Stored::kTransposed, Stored::kTransposed>("A transposed, B transposed", gemm);
   return ok ? 0 : 1;
 }

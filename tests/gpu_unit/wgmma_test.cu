@@ -6,12 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
-#include <cstdio>
-#include <random>
-#include <vector>
-
 #include "kernels/sm90/wgmma.cuh"
+#include "gemm_fixture.h"
 #include "sm90_device.h"
 
 namespace {
@@ -77,57 +73,25 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
 }
 
 template <Major kMajorA, Major kMajorB, bool kRegisterA>
-bool run(const char* name, const __nv_bfloat16* a, const __nv_bfloat16* b, float* d, const std::vector<double>& want) {
+bool run(const char* name, const Bf16Gemm& gemm) {
   auto* kernel = gemm_kernel<kMajorA, kMajorB, kRegisterA>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  cudaMemset(d, 0xff, M * N * sizeof(float));  // NaN poison
-  kernel<<<1, 128, kSmem>>>(a, b, d);
-  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-    std::printf("%-28s CUDA error: %s\n", name, cudaGetErrorString(err));
-    return false;
-  }
-  std::vector<float> got(M * N);
-  cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  double max_err = 0, max_ref = 0;
-  for (int i = 0; i < M * N; ++i) {
-    max_err = std::fmax(max_err, std::fabs(got[i] - want[i]));  // NaN makes fmax pick the other; check below
-    max_ref = std::fmax(max_ref, std::fabs(want[i]));
-    if (!std::isfinite(got[i])) max_err = INFINITY;
-  }
-  const bool ok = max_err <= 1e-4 * max_ref;
-  std::printf("%-28s max |err| %.3e (max |ref| %.3e): %s\n", name, max_err, max_ref, ok ? "ok" : "FAIL");
-  return ok;
+  gemm.poison();
+  kernel<<<1, 128, kSmem>>>(gemm.a, gemm.b, gemm.d);
+  return gemm.check(name);
 }
 
 }  // namespace
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> normal;
-  std::vector<__nv_bfloat16> a(M * K), b(K * N);
-  std::vector<double> a_val(M * K), b_val(K * N), want(M * N, 0.0);
-  for (int i = 0; i < M * K; ++i) a_val[i] = __bfloat162float(a[i] = __float2bfloat16(normal(rng)));
-  for (int i = 0; i < K * N; ++i) b_val[i] = __bfloat162float(b[i] = __float2bfloat16(normal(rng)));
-  for (int m = 0; m < M; ++m)
-    for (int k = 0; k < K; ++k)
-      for (int n = 0; n < N; ++n) want[m * N + n] += a_val[m * K + k] * b_val[k * N + n];
-  __nv_bfloat16 *a_dev = nullptr, *b_dev = nullptr;
-  float* d_dev = nullptr;
-  cudaMalloc(&a_dev, a.size() * 2);
-  cudaMalloc(&b_dev, b.size() * 2);
-  cudaMalloc(&d_dev, M * N * sizeof(float));
-  cudaMemcpy(a_dev, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(b_dev, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  const Bf16Gemm gemm(M, N, K, 1234);
   bool ok = true;
-  ok &= run<Major::kK, Major::kK, false>("SS A K-major, B K-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Major::kK, Major::kMN, false>("SS A K-major, B N-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Major::kMN, Major::kK, false>("SS A M-major, B K-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Major::kMN, Major::kMN, false>("SS A M-major, B N-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Major::kK, Major::kK, true>("RS B K-major", a_dev, b_dev, d_dev, want);
-  ok &= run<Major::kK, Major::kMN, true>("RS B N-major", a_dev, b_dev, d_dev, want);
-  cudaFree(a_dev);
-  cudaFree(b_dev);
-  cudaFree(d_dev);
+  ok &= run<Major::kK, Major::kK, false>("SS A K-major, B K-major", gemm);
+  ok &= run<Major::kK, Major::kMN, false>("SS A K-major, B N-major", gemm);
+  ok &= run<Major::kMN, Major::kK, false>("SS A M-major, B K-major", gemm);
+  ok &= run<Major::kMN, Major::kMN, false>("SS A M-major, B N-major", gemm);
+  ok &= run<Major::kK, Major::kK, true>("RS B K-major", gemm);
+  ok &= run<Major::kK, Major::kMN, true>("RS B N-major", gemm);
   return ok ? 0 : 1;
 }

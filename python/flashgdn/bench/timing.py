@@ -27,9 +27,10 @@ def _median_events(run, replays: int) -> float:
     return statistics.median(times)
 
 
-def time_graph(fn, replays: int = 30, warmup: int = 2) -> float:
-    """Median ms of one replay of a CUDA graph holding one call of fn (warm-up calls on a side stream
-    first, so that lazy compilation, autotuning and caches happen outside the capture)."""
+def capture_graph(fn, warmup: int = 1):
+    """(graph, outputs): a CUDA graph holding one call of fn, and that call's outputs (static tensors
+    the replays overwrite). Warm-up calls run on a side stream first, so that lazy initialisation,
+    compilation, autotuning and caches happen outside the capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -38,7 +39,13 @@ def time_graph(fn, replays: int = 30, warmup: int = 2) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        outputs = fn()
+    return graph, outputs
+
+
+def time_graph(fn, replays: int = 30, warmup: int = 2) -> float:
+    """Median ms of one replay of a CUDA graph holding one call of fn (capture_graph)."""
+    graph, _ = capture_graph(fn, warmup)
     graph.replay()
     try:
         return _median_events(graph.replay, replays)
