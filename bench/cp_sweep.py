@@ -5,7 +5,12 @@ Each row: sequences N, v-heads Hv, tokens per sequence, the planner's segment le
 both times and auto / off. The summary gives the worst ratio (it must stay within noise, <= 1.03)
 and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_sweep_<commit>.csv.
 
-    python bench/cp_sweep.py [--quick] [--out DIR]
+--direction bwd: the backward (which cuts only when asked to) on the low-parallelism rows of the
+tables (one sequence of 2k-32k tokens at Hv 8, 16, 32; four sequences of 8k at Hv 8), timed with CP
+off and forced on at several segment lengths: the data a backward cost model is fitted to. CSV
+<date>_cp_sweep_bwd_<commit>.csv, one row per (configuration, segment length; 0: off).
+
+    python bench/cp_sweep.py [--quick] [--direction fwd|bwd] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import flashgdn  # noqa: E402
 from conftest import make_gates  # noqa: E402  (the test regimes: zero, weak, strong, mixed, model)
 from flashgdn.bench.timing import git_commit as commit, time_graph  # noqa: E402
 
-AUTO, OFF = 0, 1
+AUTO, OFF, ON = 0, 1, 2
 LENGTHS = [2048, 8192, 32768, 131072]
 SEQS = [1, 2, 4, 8]
 HEADS = [1, 2, 4, 8, 16, 32, 64]
@@ -44,11 +49,57 @@ def timed(x, mode, cu, cu_cpu):
     return time_graph(fn, replays=10), o
 
 
+def backward_timed(x, mode, segment_chunks, cu, cu_cpu):
+    q, k, v, g, beta = x
+    do = torch.randn_like(v)
+    grads = [torch.empty_like(t) for t in (q, k, v, g, beta)]
+
+    def fn():
+        flashgdn.ops.backward_into(*grads, None, q, k, v, g, beta, do, None, None, cu, 128 ** -0.5, False, False,
+                                   cu_cpu, mode, segment_chunks)
+    return time_graph(fn, replays=10)
+
+
+def backward_sweep(out_dir):
+    configs = [(1, length, hv) for hv in (8, 16, 32) for length in (2048, 8192, 32768)] + [(4, 8192, 8)]
+    path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_bwd_{commit()}.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sequences", "h_v", "tokens_per_seq", "segment_chunks", "ms", "over_off"])
+        for n, length, hv in configs:
+            T = n * length
+            q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+            k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+            v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
+            g = make_gates("mixed", 1, T, hv, "cuda")
+            beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
+            cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
+            cu = cu_cpu.to(device="cuda", dtype=torch.int32)
+            x = (q, k, v, g, beta)
+            t_off = backward_timed(x, OFF, 0, cu, cu_cpu)
+            writer.writerow([n, hv, length, 0, f"{t_off:.4f}", "1.000"])
+            best = (t_off, 0)
+            for L in (8, 16, 32, 64, 128):
+                if L >= length // 64:
+                    continue
+                t = backward_timed(x, ON, L, cu, cu_cpu)
+                writer.writerow([n, hv, length, L, f"{t:.4f}", f"{t / t_off:.3f}"])
+                best = min(best, (t, L))
+            f.flush()
+            print(f"bwd N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at L={best[1]} "
+                  f"({t_off / best[0]:.2f}x)")
+    print(f"wrote {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="lengths 8k and 32k, heads 2/8/32")
+    parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
+    if args.direction == "bwd":
+        backward_sweep(args.out)
+        return
     lengths = [8192, 32768] if args.quick else LENGTHS
     heads = [2, 8, 32] if args.quick else HEADS
     path = pathlib.Path(args.out) / f"{datetime.date.today()}_cp_sweep_{commit()}{'_quick' if args.quick else ''}.csv"

@@ -14,7 +14,10 @@ without CP and cancels in the differences. The per-item constants and the gate s
 into launch_us (item constants 0). Prints the fitted coefficients as C++ for CostModel's defaults
 and writes them, with every measurement, to bench/results/<date>_cost_model_<commit>.json.
 
-    python bench/fit_cost_model.py [--tokens 32768] [--heads 4]
+--write-header puts the fitted values into src/plan/cost_model.h (the defaults and the record's
+name in its header comment), for a rebuild and a sweep in the same run.
+
+    python bench/fit_cost_model.py [--tokens 32768] [--heads 4] [--write-header]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import re
 import sys
 
 import torch
@@ -67,6 +71,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--write-header", action="store_true", help="update src/plan/cost_model.h")
     args = parser.parse_args()
     hv, T = args.heads, args.tokens
     C = T // 64
@@ -129,6 +134,23 @@ def main():
     for name, value in coefficients.items():
         print(f"  double {name} = {value:.3f};")
     print(f"wrote {out}")
+    if args.write_header:
+        write_header(coefficients, out.name)
+
+
+def write_header(coefficients, record_name):
+    """CostModel's default of each fitted coefficient, and the record named in the comment."""
+    header = ROOT / "src" / "plan" / "cost_model.h"
+    text = header.read_text()
+    for name, value in coefficients.items():
+        text, count = re.subn(rf"(double {name} = )[-0-9.e]+;", rf"\g<1>{value:.3f};", text)
+        if count != 1:
+            raise SystemExit(f"{header}: expected one default for {name}, found {count}")
+    text, count = re.subn(r"bench/results/[0-9-]+_cost_model_\w+\.json", f"bench/results/{record_name}", text)
+    if count != 1:
+        raise SystemExit(f"{header}: expected one record name, found {count}")
+    header.write_text(text)
+    print(f"wrote the fitted defaults into {header}")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,18 @@
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
 #   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
-#     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fit + the
-#     quick auto-CP sweep; ab: tests + the A/B timing of the two fused forward kernels
+#     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fit written
+#     into src/plan/cost_model.h (copied to $OUT), a rebuild and ctest with it, the auto-CP sweep
+#     (full; CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
+#     timing of the two fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors")
 #   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
-#   FLASHGDN_COMMIT (the commit measured: the device copy has no .git)
+#   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
+#   examples: for a second call on a warm machine after a tests call)
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -56,22 +59,33 @@ note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
 note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt") (waits $(grep -c WARPGROUP.DEPBAR "$OUT/sass.txt"): one per HGMMA means serialised), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
 
-python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
-note "pytest: $(tail -1 "$OUT/pytest.log")"
-grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+  note "pytest: $(tail -1 "$OUT/pytest.log")"
+  grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 
-timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
-note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
-timeout 120 python3 examples/serving.py >"$OUT/serving.log" 2>&1
-note "examples/serving.py rc=$?: $(tail -1 "$OUT/serving.log")"
+  timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
+  note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
+  timeout 120 python3 examples/serving.py >"$OUT/serving.log" 2>&1
+  note "examples/serving.py rc=$?: $(tail -1 "$OUT/serving.log")"
+fi
 
 if [ "$MODE" = cp ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py >"$OUT/fit.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --write-header >"$OUT/fit.log" 2>&1
   note "cost-model fit rc=$?"
   tail -n 14 "$OUT/fit.log"
-  cp bench/results/*cost_model*.json "$OUT"/ 2>/dev/null
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --quick --out "$OUT" >"$OUT/sweep.log" 2>&1
+  cp bench/results/*cost_model_"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h "$OUT"/ 2>/dev/null
+  cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
+  note "rebuild with the fitted model rc=$?"
+  ctest --test-dir build -j "$(nproc)" >"$OUT/ctest_fitted.log" 2>&1
+  note "ctest with the fitted model: $(grep -E 'tests passed|tests failed' "$OUT/ctest_fitted.log")"
+  grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
   note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
+  grep -E "ratio 1\.0[3-9]|ratio 1\.[1-9]" "$OUT/sweep.log" | head -10
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --direction bwd --out "$OUT" >"$OUT/sweep_bwd.log" 2>&1
+  note "backward cp sweep rc=$?"
+  grep "^bwd" "$OUT/sweep_bwd.log"
 fi
 
 if [ "$MODE" = ab ]; then

@@ -45,30 +45,14 @@ struct ChunkInverse {
     float beta[kChunk];
   };
 
-  // A fp32 pair split into bf16x2 hi and lo parts (x = hi + lo to about 2^-16 relative).
-  static __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-  }
-
-  // acc [16,8] (m16n8 C fragment) += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in
-  // shared memory (A at a: rows 0-15, cols 0-15; B at b: rows 0-15, cols 0-7).
+  // acc [16,8] += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in shared memory (A at a:
+  // rows 0-15, cols 0-15; B at b: rows 0-15, cols 0-7).
   static __device__ __forceinline__ void mma_f32x3(float (&acc)[4], const float* a, const float* b) {
-    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-    uint32_t a_hi[4], a_lo[4], b_hi[2], b_lo[2];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {  // a[q]: rows r (+8 for q odd), cols c (+8 for q >= 2)
-      const float2 pair = *reinterpret_cast<const float2*>(a + (r + 8 * (q % 2)) * kPitchF + c + 8 * (q / 2));
-      split_pair(pair.x, pair.y, a_hi[q], a_lo[q]);
-    }
-#pragma unroll
-    for (int q = 0; q < 2; ++q)  // b[q]: k rows c, c+1 (+8 for q = 1), column r
-      split_pair(b[(c + 8 * q) * kPitchF + r], b[(c + 8 * q + 1) * kPitchF + r], b_hi[q], b_lo[q]);
-    mma_16816<__nv_bfloat16>(acc, a_hi, b_hi[0], b_hi[1]);
-    mma_16816<__nv_bfloat16>(acc, a_hi, b_lo[0], b_lo[1]);
-    mma_16816<__nv_bfloat16>(acc, a_lo, b_hi[0], b_hi[1]);
+    SplitA a_split;
+    SplitB b_split;
+    load_split_a<Stored::kRowMajor>(a_split, a, kPitchF);
+    load_split_b<Stored::kRowMajor>(b_split, b, kPitchF);
+    mma_bf16x3(acc, a_split, b_split);
   }
 
   // dst[16,8] (row-major fp32, shared memory) = sign * acc.

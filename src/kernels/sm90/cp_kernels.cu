@@ -4,7 +4,7 @@
 // A sequence of C chunks is cut into ceil(C / L) segments of L chunks (the last may be shorter).
 // Launch sequence (runtime/forward.cpp):
 //   [segment_offsets]  varlen: first segment of each sequence
-//   cp_windows         grid (segments, Hv), 64 threads (one per token of a chunk): walking the
+//   cp_windows         grid (segments, Hv), 256 threads (16 chunks a tile in parallel): walking the
 //                      chunks of segment j backwards from its end, the summed log of a bound on each
 //                      token's map norm, g_t + log max(1, |1 - beta_t |k_t|^2|) (the map
 //                      e^{g}(I - beta k k^T) has norm e^{g} max(1, |1 - beta |k|^2|)), until it is
@@ -17,7 +17,8 @@
 //                      of one sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
-//                      [128,32] = [128,128] @ [128,32] in fp32 from shared memory -> segment_starts;
+//                      [128,32] = [128,128] @ [128,32] on tensor cores in bf16x3 (fp32-grade
+//                      products, warp_mma.cuh) from shared memory -> segment_starts;
 //                      step j + 1's M and S* are loaded (cp.async) while step j computes
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // With a window, S*_j differs from the true end state by the dropped part of the entering state,
@@ -31,8 +32,35 @@
 namespace flashgdn::kern {
 namespace {
 
+constexpr int kWindowThreads = 256;                                 // 8 warps
+constexpr int kWindowTileChunks = kWindowThreads * 4 / kChunk;      // 16 chunks per tile, 4 tokens a thread
+
+// A token's term of the window sum: g_t + log max(1, |1 - beta_t |k_t|^2|) (0 past the segment).
 template <typename Elem>
-__global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p, int32_t* windows, bool leading) {
+__device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, int64_t t, int h, int hk) {
+  const int64_t gate_at = b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head;
+  const int64_t beta_at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+  const float beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[beta_at])
+                                    : static_cast<const float*>(p.beta)[beta_at];
+  const Elem* k = row_ptr<Elem>(p.k, p.k_strides, b, t, hk);
+  float norm2 = 0.f;
+#pragma unroll
+  for (int vec = 0; vec < kHeadDim / 8; ++vec) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(k + 8 * vec);
+    const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) norm2 += to_float(e[i]) * to_float(e[i]);
+  }
+  return p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
+}
+
+// Tiles of 16 chunks: the 32 half-chunk sums of a tile in parallel (warp w sums half-chunks w,
+// w + 8, w + 16, w + 24 of 32 tokens each, one token a lane), then thread 0 adds the chunks in
+// walking order until the total crosses the threshold. (A chunk's sum is its two halves' warp
+// sums added, as one chunk at a time would: the same window.)
+template <typename Elem>
+__global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const ForwardParams p, int32_t* windows,
+                                                                    bool leading) {
   const int64_t x = blockIdx.x;
   const int h = blockIdx.y;
   const SegmentLocation at = locate_segment(p, x);
@@ -41,50 +69,53 @@ __global__ void __launch_bounds__(64) cp_windows_kernel(const ForwardParams p, i
   const int hk = h / (p.num_v_heads / p.num_qk_heads);
   const int64_t b = at.seq.batch;
   const int64_t chunks = (at.eos - at.bos + kChunk - 1) / kChunk;
-  __shared__ float warp_sums[2];
-  float total = 0.f;  // block-uniform
-  for (int64_t step = 0; step < chunks; ++step) {
-    const int64_t c = leading ? step : chunks - 1 - step;
-    const int64_t t = at.bos + c * kChunk + threadIdx.x;
-    float term = 0.f;
-    if (t < at.eos) {
-      const int64_t gate_at = b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head;
-      const int64_t beta_at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-      const float beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[beta_at])
-                                        : static_cast<const float*>(p.beta)[beta_at];
-      const Elem* k = row_ptr<Elem>(p.k, p.k_strides, b, t, hk);
-      float norm2 = 0.f;
-      for (int vec = 0; vec < kHeadDim / 8; ++vec) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(k + 8 * vec);
-        const Elem* e = reinterpret_cast<const Elem*>(&raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float half_sums[2 * kWindowTileChunks];
+  __shared__ int32_t found;  // the window in chunks once crossed, else 0
+  float total = 0.f;         // thread 0's running sum
+  if (threadIdx.x == 0) found = 0;
+  for (int64_t tile0 = 0; tile0 < chunks; tile0 += kWindowTileChunks) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) norm2 += to_float(e[i]) * to_float(e[i]);
+    for (int i = 0; i < 4; ++i) {
+      const int half = warp + 8 * i;
+      const int64_t step = tile0 + half / 2;
+      float term = 0.f;
+      if (step < chunks) {
+        const int64_t c = leading ? step : chunks - 1 - step;
+        const int64_t t = at.bos + c * kChunk + 32 * (half % 2) + lane;
+        if (t < at.eos) term = window_term<Elem>(p, b, t, h, hk);
       }
-      term = p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
-    }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) term += __shfl_xor_sync(0xffffffffu, term, offset);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = term;
-    __syncthreads();
-    total += warp_sums[0] + warp_sums[1];
-    __syncthreads();
-    if (total <= p.decay_threshold) {
-      if (threadIdx.x == 0) *window = static_cast<int32_t>(step + 1);
-      return;
+      for (int offset = 16; offset > 0; offset /= 2) term += __shfl_xor_sync(0xffffffffu, term, offset);
+      if (lane == 0) half_sums[half] = term;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int j = 0; j < kWindowTileChunks && tile0 + j < chunks; ++j) {
+        total += half_sums[2 * j] + half_sums[2 * j + 1];
+        if (total <= p.decay_threshold) {
+          found = static_cast<int32_t>(tile0 + j + 1);
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (found != 0) break;
   }
-  if (threadIdx.x == 0) *window = 0;
+  if (threadIdx.x == 0) *window = found;
 }
 
 constexpr int kSliceCols = 32;             // state columns per correction CTA
 constexpr int kPitchM = kHeadDim + 4;      // floats per row of M in shared memory (16-byte rows)
-constexpr int kCorrectionThreads = 256;
+constexpr int kPitchS = kSliceCols + 4;    // floats per row of a state slice (16-byte rows; B
+                                           // fragment reads conflict-free)
+constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
 
 // Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
 struct CorrectionStorage {
   alignas(16) float m[2][kHeadDim * kPitchM];
-  alignas(16) float base[2][kHeadDim * kSliceCols];
-  alignas(16) float s[kHeadDim * kSliceCols];
+  alignas(16) float base[2][kHeadDim * kPitchS];
+  alignas(16) float s[kHeadDim * kPitchS];
 };
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
@@ -93,7 +124,7 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
                                                      const float* m, bool apply_m, int col0) {
   for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
     const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-    cp_async_16(&smem.base[buf][row * kSliceCols + 4 * vec], base + row * kHeadDim + col0 + 4 * vec, true);
+    cp_async_16(&smem.base[buf][row * kPitchS + 4 * vec], base + row * kHeadDim + col0 + 4 * vec, true);
   }
   if (apply_m) {
     for (int e = threadIdx.x; e < kHeadDim * kHeadDim / 4; e += kCorrectionThreads) {
@@ -107,46 +138,50 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
 // One serial step of a correction from buffer `buf` (loaded, and visible after a barrier): next =
 // base + (apply_m ? M S : 0), with M or, with kTransposed, its transpose (read by columns), and S
 // the running [128, 32] slice in smem.s; then S := next, also written to `out` (a [128][128] fp32
-// workspace state). Thread layout: row k = tid / 2, 16 columns from c0 = 16 * (tid % 2). Every
-// thread of the block calls it with the same apply_m (the barriers inside are block-uniform).
+// workspace state). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16 relative per
+// product): warp w forms rows 16 w .. 16 w + 15,
+//   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
+// Every thread of the block calls it with the same apply_m (the barrier inside is block-uniform).
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf, bool apply_m, float* out, int col0) {
-  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
-  float next[16];
-#pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const float4 x = *reinterpret_cast<const float4*>(&smem.base[buf][k * kSliceCols + c0 + 4 * v]);
-    next[4 * v] = x.x, next[4 * v + 1] = x.y, next[4 * v + 2] = x.z, next[4 * v + 3] = x.w;
-  }
+  const int m0 = 16 * (threadIdx.x / 32);
+  float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
   if (apply_m) {
     const float* m = smem.m[buf];
 #pragma unroll 2
-    for (int r0 = 0; r0 < kHeadDim; r0 += 4) {
-      float mk[4];  // M[k][r0..] as one 16-byte read (conflict-free), or M[r0..][k] by columns
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+      SplitA a;
       if constexpr (kTransposed) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mk[i] = m[(r0 + i) * kPitchM + k];
+        load_split_a<Stored::kTransposed>(a, m + k0 * kPitchM + m0, kPitchM);  // A[i][k] = M[k][i]
       } else {
-        const float4 row = *reinterpret_cast<const float4*>(&m[k * kPitchM + r0]);
-        mk[0] = row.x, mk[1] = row.y, mk[2] = row.z, mk[3] = row.w;
+        load_split_a<Stored::kRowMajor>(a, m + m0 * kPitchM + k0, kPitchM);
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const float4 x = *reinterpret_cast<const float4*>(&smem.s[(r0 + i) * kSliceCols + c0 + 4 * v]);
-          next[4 * v] += mk[i] * x.x, next[4 * v + 1] += mk[i] * x.y;
-          next[4 * v + 2] += mk[i] * x.z, next[4 * v + 3] += mk[i] * x.w;
-        }
+      for (int j = 0; j < 4; ++j) {
+        SplitB b;
+        load_split_b<Stored::kRowMajor>(b, smem.s + k0 * kPitchS + 8 * j, kPitchS);
+        mma_bf16x3(next[j], a, b);
+      }
     }
   }
-  __syncthreads();  // every thread is done reading s
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const float4 x = make_float4(next[4 * v], next[4 * v + 1], next[4 * v + 2], next[4 * v + 3]);
-    *reinterpret_cast<float4*>(&smem.s[k * kSliceCols + c0 + 4 * v]) = x;
-    *reinterpret_cast<float4*>(&out[k * kHeadDim + col0 + c0 + 4 * v]) = x;
-  }
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
+      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
+      const float2 base = *reinterpret_cast<const float2*>(&smem.base[buf][row * kPitchS + col]);
+      next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
+    }
+  __syncthreads();  // every warp is done reading s
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
+      const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
+      *reinterpret_cast<float2*>(&smem.s[row * kPitchS + col]) = x;
+      *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
+    }
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -230,7 +265,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[k * kSliceCols + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
+  for (int i = 0; i < 16; ++i) smem.s[k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
   // Step j (count - 1 >= j >= 1) reads segment x = first + j: dS*_x and, without a (backward)
   // window, M_x (for the last segment only when dht flows into it).
   auto apply_m = [&](int64_t j) {
@@ -272,8 +307,8 @@ cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t str
 template <ElemKind E>
 cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream) {
   if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
-  cp_windows_kernel<ElemType<E>>
-      <<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), 64, 0, stream>>>(p, windows, leading);
+  cp_windows_kernel<ElemType<E>><<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), kWindowThreads, 0,
+                                    stream>>>(p, windows, leading);
   return cudaGetLastError();
 }
 template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);

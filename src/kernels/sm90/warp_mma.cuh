@@ -165,6 +165,74 @@ __device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
   }
   return bits;
 }
+// fp32 products on bf16 tensor cores ("bf16x3"): every fp32 operand x is split as x = hi + lo with
+// hi = bf16(x), lo = bf16(x - hi), and A B ~ A_hi B_hi + A_hi B_lo + A_lo B_hi with fp32
+// accumulation: about 2^-16 relative error per product (the dropped lo.lo term and lo's rounding),
+// against 2^-8 for a plain bf16 product. Operands are fp32 in shared memory with any strides.
+struct SplitA {  // the m16n8k16 A fragment, hi and lo parts
+  uint32_t hi[4], lo[4];
+};
+struct SplitB {  // one 16x8 B fragment, hi and lo parts
+  uint32_t hi[2], lo[2];
+};
+
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// Two fp32 elements at `at` and `at + stride` (one 8-byte load when they are adjacent).
+template <int kStride>
+__device__ __forceinline__ void load_split_pair(const float* at, int stride, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kStride == 1) {
+    const float2 pair = *reinterpret_cast<const float2*>(at);
+    split_pair(pair.x, pair.y, hi, lo);
+  } else {
+    split_pair(at[0], at[stride], hi, lo);
+  }
+}
+
+// The fragment of the 16x16 block of A at a (fp32, Stored as in warp_gemm, row pitch in floats;
+// kRowMajor rows need 8-byte alignment).
+template <Stored kStore>
+__device__ __forceinline__ void load_split_a(SplitA& f, const float* a, int pitch) {
+  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // a[q]: row m = r (+8 for q odd), columns k = c, c + 1 (+8 for q >= 2)
+    const int m = r + 8 * (q % 2), k = c + 8 * (q / 2);
+    if constexpr (kStore == Stored::kRowMajor) {
+      load_split_pair<1>(a + m * pitch + k, 1, f.hi[q], f.lo[q]);
+    } else {
+      load_split_pair<0>(a + k * pitch + m, pitch, f.hi[q], f.lo[q]);
+    }
+  }
+}
+
+// The fragment of the 16x8 block of B at b (fp32, Stored as in warp_gemm, row pitch in floats;
+// kTransposed rows need 8-byte alignment).
+template <Stored kStore>
+__device__ __forceinline__ void load_split_b(SplitB& f, const float* b, int pitch) {
+  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {  // b[q]: rows k = c, c + 1 (+8 for q = 1), column n = r
+    const int k = c + 8 * q, n = r;
+    if constexpr (kStore == Stored::kRowMajor) {
+      load_split_pair<0>(b + k * pitch + n, pitch, f.hi[q], f.lo[q]);
+    } else {
+      load_split_pair<1>(b + n * pitch + k, 1, f.hi[q], f.lo[q]);
+    }
+  }
+}
+
+// acc [16,8] (C fragment) += A [16,16] @ B [16,8] in bf16x3.
+__device__ __forceinline__ void mma_bf16x3(float (&acc)[4], const SplitA& a, const SplitB& b) {
+  mma_16816<__nv_bfloat16>(acc, a.hi, b.hi[0], b.hi[1]);
+  mma_16816<__nv_bfloat16>(acc, a.hi, b.lo[0], b.lo[1]);
+  mma_16816<__nv_bfloat16>(acc, a.lo, b.hi[0], b.hi[1]);
+}
+
 // 2^x by the special-function unit (max relative error about 2^-22; subnormal results flush to
 // zero). Gates are kept in log2 units so that every decay factor is one ex2 of a non-positive
 // argument.

@@ -1,0 +1,136 @@
+// GPU unit test of the bf16x3 fp32 products (src/kernels/sm90/warp_mma.cuh: load_split_a,
+// load_split_b, mma_bf16x3) at the CP correction's shape, [128, 32] = [128, 128] @ [128, 32] with
+// 8 warps of [16, 32], for the four ways an fp32 operand can be stored (A and B row-major or
+// transposed), against a float64 host GEMM of the same fp32 values (not bf16-representable).
+// Bound: max |err| <= 2e-5 of max |ref| (bf16x3 gives ~3e-6 here). The same kernel with the hi
+// parts alone (a plain bf16 product, ~1e-3) must miss the bound: the check can fail.
+// Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/sm90/warp_mma.cuh"
+#include "sm90_device.h"
+
+namespace {
+
+using flashgdn::kern::Stored;
+
+constexpr int M = 128, N = 32, K = 128;
+constexpr int kPitchA = 132, kPitchB = 36;  // the correction kernel's pitches (and more for [N][K])
+constexpr int kPitchBt = K + 4;
+constexpr int kTileA = (M > K ? M : K) * kPitchA;
+constexpr int kTileB = K * kPitchB > N * kPitchBt ? K * kPitchB : N * kPitchBt;
+
+template <Stored kA, Stored kB, bool kHiOnly>
+__global__ void gemm_kernel(const float* a, const float* b, float* d) {
+  extern __shared__ __align__(16) float smem[];
+  float* a_tile = smem;           // [M][K] or [K][M], pitch kPitchA
+  float* b_tile = smem + kTileA;  // [K][N] pitch kPitchB, or [N][K] pitch kPitchBt
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+    const int m = e / K, k = e % K;
+    a_tile[kA == Stored::kRowMajor ? m * kPitchA + k : k * kPitchA + m] = a[e];
+  }
+  for (int e = threadIdx.x; e < K * N; e += blockDim.x) {
+    const int k = e / N, n = e % N;
+    b_tile[kB == Stored::kRowMajor ? k * kPitchB + n : n * kPitchBt + k] = b[e];
+  }
+  __syncthreads();
+  const int m0 = 16 * (threadIdx.x / 32);
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    flashgdn::kern::SplitA af;
+    flashgdn::kern::load_split_a<kA>(af, kA == Stored::kRowMajor ? a_tile + m0 * kPitchA + k0 : a_tile + k0 * kPitchA + m0,
+                                     kPitchA);
+    for (int j = 0; j < 4; ++j) {
+      flashgdn::kern::SplitB bf;
+      if constexpr (kB == Stored::kRowMajor) {
+        flashgdn::kern::load_split_b<kB>(bf, b_tile + k0 * kPitchB + 8 * j, kPitchB);
+      } else {
+        flashgdn::kern::load_split_b<kB>(bf, b_tile + 8 * j * kPitchBt + k0, kPitchBt);
+      }
+      if constexpr (kHiOnly) {
+        flashgdn::kern::mma_16816<__nv_bfloat16>(acc[j], af.hi, bf.hi[0], bf.hi[1]);
+      } else {
+        flashgdn::kern::mma_bf16x3(acc[j], af, bf);
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int e = 0; e < 4; ++e) d[flashgdn::kern::acc_row(m0, 0, e) * N + flashgdn::kern::acc_col(0, j, e)] = acc[j][e];
+}
+
+struct Fp32Gemm {
+  float *a = nullptr, *b = nullptr, *d = nullptr;
+  std::vector<double> want = std::vector<double>(M * N, 0.0);
+  Fp32Gemm() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> a_host(M * K), b_host(K * N);
+    for (float& x : a_host) x = normal(rng);
+    for (float& x : b_host) x = normal(rng);
+    for (int m = 0; m < M; ++m)
+      for (int k = 0; k < K; ++k)
+        for (int n = 0; n < N; ++n) want[m * N + n] += double(a_host[m * K + k]) * double(b_host[k * N + n]);
+    cudaMalloc(&a, a_host.size() * sizeof(float));
+    cudaMalloc(&b, b_host.size() * sizeof(float));
+    cudaMalloc(&d, want.size() * sizeof(float));
+    cudaMemcpy(a, a_host.data(), a_host.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(b, b_host.data(), b_host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  ~Fp32Gemm() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(d);
+  }
+  Fp32Gemm(const Fp32Gemm&) = delete;
+  Fp32Gemm& operator=(const Fp32Gemm&) = delete;
+
+  // max |d - want| / max |want| after a launch (infinite on a CUDA error or a non-finite value).
+  double relative_error(const char* name) const {
+    if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      std::printf("%-40s CUDA error: %s\n", name, cudaGetErrorString(err));
+      return INFINITY;
+    }
+    std::vector<float> got(want.size());
+    cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      max_err = std::isfinite(got[i]) ? std::fmax(max_err, std::fabs(got[i] - want[i])) : INFINITY;
+      max_ref = std::fmax(max_ref, std::fabs(want[i]));
+    }
+    return max_err / max_ref;
+  }
+};
+
+constexpr double kBound = 2e-5;
+
+template <Stored kA, Stored kB, bool kHiOnly>
+double run(const char* name, const Fp32Gemm& gemm) {
+  constexpr int smem = (kTileA + kTileB) * sizeof(float);
+  cudaFuncSetAttribute(gemm_kernel<kA, kB, kHiOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaMemset(gemm.d, 0xff, M * N * sizeof(float));  // NaN
+  gemm_kernel<kA, kB, kHiOnly><<<1, 256, smem>>>(gemm.a, gemm.b, gemm.d);
+  const double err = gemm.relative_error(name);
+  std::printf("%-40s max |err| / max |ref| %.3e\n", name, err);
+  return err;
+}
+
+}  // namespace
+
+int main() {
+  if (!have_sm90_device()) return kSkipped;
+  const Fp32Gemm gemm;
+  bool ok = true;
+  ok &= run<Stored::kRowMajor, Stored::kRowMajor, false>("bf16x3, A row-major, B row-major", gemm) <= kBound;
+  ok &= run<Stored::kRowMajor, Stored::kTransposed, false>("bf16x3, A row-major, B transposed", gemm) <= kBound;
+  ok &= run<Stored::kTransposed, Stored::kRowMajor, false>("bf16x3, A transposed, B row-major", gemm) <= kBound;
+  ok &= run<Stored::kTransposed, Stored::kTransposed, false>("bf16x3, A transposed, B transposed", gemm) <= kBound;
+  const double hi_only = run<Stored::kRowMajor, Stored::kRowMajor, true>("hi parts only (must miss the bound)", gemm);
+  ok &= std::isfinite(hi_only) && hi_only > kBound;
+  std::printf("%s\n", ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
