@@ -30,6 +30,15 @@ if [ -d .whl ]; then
 fi
 [ "$MODE" = stage ] && exit 0
 
+kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py)
+  for config in "$@"; do
+    ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn --metrics gpu__time_duration.sum \
+      python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
+    echo "kernel times, $config:"
+    grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
+  done
+}
+
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 &&
   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
@@ -71,6 +80,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 
 if [ "$MODE" = cp ]; then
+  kernel_times "1x32768 2 8 cp"
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --write-header >"$OUT/fit.log" 2>&1
   note "cost-model fit rc=$?"
   tail -n 14 "$OUT/fit.log"
@@ -92,12 +102,7 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  for config in "4x8192 16 32" "1x32768 2 8" "1x32768 2 8 cp"; do  # time per kernel of one call
-    ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn --metrics gpu__time_duration.sum \
-      python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
-    echo "kernel times, $config:"
-    grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
-  done
+  kernel_times "4x8192 16 32" "1x32768 2 8" "1x32768 2 8 cp"
 fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)
