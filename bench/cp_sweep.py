@@ -5,10 +5,11 @@ Each row: sequences N, v-heads Hv, tokens per sequence, the planner's segment le
 both times and auto / off. The summary gives the worst ratio (it must stay within noise, <= 1.03)
 and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_sweep_<commit>.csv.
 
---direction bwd: the backward (which cuts only when asked to) on the low-parallelism rows of the
-tables (one sequence of 2k-32k tokens at Hv 8, 16, 32; four sequences of 8k at Hv 8), timed with CP
-off and forced on at several segment lengths: the data a backward cost model is fitted to. CSV
-<date>_cp_sweep_bwd_<commit>.csv, one row per (configuration, segment length; 0: off).
+--direction bwd: the backward on the low-parallelism rows of the tables (one sequence of 2k-32k
+tokens at Hv 8, 16, 32; four sequences of 8k at Hv 8; one of 8k at Hv 64, where CP should stay
+off), timed with the planner's choice (auto), with CP off and forced on at several segment lengths:
+does auto find the best cut? CSV <date>_cp_sweep_bwd_<commit>.csv, one row per (configuration,
+segment length; 0: off, -1: auto).
 
     python bench/cp_sweep.py [--quick] [--direction fwd|bwd] [--out DIR]
 """
@@ -61,7 +62,7 @@ def backward_timed(x, mode, segment_chunks, cu, cu_cpu):
 
 
 def backward_sweep(out_dir):
-    configs = [(1, length, hv) for hv in (8, 16, 32) for length in (2048, 8192, 32768)] + [(4, 8192, 8)]
+    configs = [(1, length, hv) for hv in (8, 16, 32) for length in (2048, 8192, 32768)] + [(4, 8192, 8), (1, 8192, 64)]
     path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_bwd_{commit()}.csv"
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -85,9 +86,12 @@ def backward_sweep(out_dir):
                 t = backward_timed(x, ON, L, cu, cu_cpu)
                 writer.writerow([n, hv, length, L, f"{t:.4f}", f"{t / t_off:.3f}"])
                 best = min(best, (t, L))
+            t_auto = backward_timed(x, AUTO, 0, cu, cu_cpu)
+            writer.writerow([n, hv, length, -1, f"{t_auto:.4f}", f"{t_auto / t_off:.3f}"])
             f.flush()
             print(f"bwd N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at L={best[1]} "
-                  f"({t_off / best[0]:.2f}x)")
+                  f"({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
+                  f"auto/best {t_auto / best[0]:.3f})")
     print(f"wrote {path}")
 
 

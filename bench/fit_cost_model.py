@@ -14,10 +14,16 @@ without CP and cancels in the differences. The per-item constants and the gate s
 into launch_us (item constants 0). Prints the fitted coefficients as C++ for CostModel's defaults
 and writes them, with every measurement, to bench/results/<date>_cost_model_<commit>.json.
 
---write-header puts the fitted values into src/plan/cost_model.h (the defaults and the record's
-name in its header comment), for a rebuild and a sweep in the same run.
+--direction bwd fits the same model to the backward (the whole backward call: its chunk inverse,
+forward recompute and fused backward, or with CP their CP pipelines): the fused chunk stands for the
+chunk-state pass plus the fused backward, the state pass for the S* and dS* passes, the correction
+for the forward and the reverse scan; the record is <date>_cost_model_bwd_<commit>.json.
 
-    python bench/fit_cost_model.py [--tokens 32768] [--heads 4] [--write-header]
+--write-header puts the fitted values into the sources (forward: CostModel's defaults in
+src/plan/cost_model.h; backward: CostModel::backward() in src/plan/cost_model.cpp) and the record's
+name beside them, for a rebuild and a sweep in the same run.
+
+    python bench/fit_cost_model.py [--direction fwd|bwd] [--tokens 32768] [--heads 4] [--write-header]
 """
 
 from __future__ import annotations
@@ -51,13 +57,21 @@ def inputs(T, hv, regime):
     return q, k, v, g, beta
 
 
-def call_time_us(x, mode, segment_chunks=0):
+def call_time_us(x, mode, segment_chunks=0, direction="fwd"):
     q, k, v, g, beta = x
-    o = torch.empty_like(v)
+    if direction == "fwd":
+        o = torch.empty_like(v)
 
-    def fn():
-        flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, None, 128 ** -0.5, False, False, False, None,
-                                  mode, segment_chunks)
+        def fn():
+            flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, None, 128 ** -0.5, False, False, False,
+                                      None, mode, segment_chunks)
+    else:
+        do = torch.randn_like(v)
+        grads = [torch.empty_like(t) for t in x]
+
+        def fn():
+            flashgdn.ops.backward_into(*grads, None, q, k, v, g, beta, do, None, None, None, 128 ** -0.5, False,
+                                       False, None, mode, segment_chunks)
     return 1e3 * time_graph(fn)
 
 
@@ -71,16 +85,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--write-header", action="store_true", help="update src/plan/cost_model.h")
+    parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--write-header", action="store_true", help="put the fit into src/plan/")
     args = parser.parse_args()
-    hv, T = args.heads, args.tokens
+    hv, T, direction = args.heads, args.tokens, args.direction
     C = T // 64
-    record = {"device": torch.cuda.get_device_name(), "commit": commit(), "heads": hv, "tokens": T}
+    record = {"device": torch.cuda.get_device_name(), "commit": commit(), "direction": direction, "heads": hv,
+              "tokens": T}
 
     # A: the fused kernel's per-chunk time from the slope over sequence lengths.
     a_rows, a_times = [], []
     for tokens in (T // 8, T // 4, T // 2, T):
-        t = call_time_us(inputs(tokens, hv, "weak"), OFF)
+        t = call_time_us(inputs(tokens, hv, "weak"), OFF, direction=direction)
         a_rows.append([1.0, tokens / 64])
         a_times.append(t)
     intercept_a, fused_chunk = lstsq(a_rows, a_times)
@@ -93,7 +109,7 @@ def main():
     c_rows, c_vals, c_times = [], [], []
     for L in segment_lengths:
         S = C // L
-        t = call_time_us(strong, ON, L)
+        t = call_time_us(strong, ON, L, direction)
         c_times.append(t)
         c_rows.append([1.0, S - 1])
         c_vals.append(t - t_a - (L - C) * fused_chunk)
@@ -105,7 +121,7 @@ def main():
     b_rows, b_vals, b_times = [], [], []
     for L in segment_lengths:
         S = C // L
-        t = call_time_us(exact, ON, L)
+        t = call_time_us(exact, ON, L, direction)
         b_times.append(t)
         b_rows.append([1.0, L, S - 1])
         b_vals.append(t - t_a - (L - C) * fused_chunk)
@@ -127,30 +143,35 @@ def main():
     }
     record["fit"] = coefficients
     record["residual_constants_us"] = {"A_intercept": intercept_a, "B_const": const_b, "C_const": const_c}
-    out = ROOT / "bench" / "results" / f"{datetime.date.today()}_cost_model_{record['commit']}.json"
+    tag = "cost_model" if direction == "fwd" else "cost_model_bwd"
+    out = ROOT / "bench" / "results" / f"{datetime.date.today()}_{tag}_{record['commit']}.json"
     out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))
-    print("// CostModel defaults (src/plan/cost_model.h), fitted by bench/fit_cost_model.py:")
+    print(f"// fitted by bench/fit_cost_model.py --direction {direction}:")
     for name, value in coefficients.items():
-        print(f"  double {name} = {value:.3f};")
+        print(f"  {name} = {value:.3f};")
     print(f"wrote {out}")
     if args.write_header:
-        write_header(coefficients, out.name)
+        write_sources(coefficients, out.name, direction)
 
 
-def write_header(coefficients, record_name):
-    """CostModel's default of each fitted coefficient, and the record named in the comment."""
-    header = ROOT / "src" / "plan" / "cost_model.h"
-    text = header.read_text()
+def write_sources(coefficients, record_name, direction):
+    """The fitted coefficients into the source that holds them (forward: `double name = value;`, the
+    defaults in cost_model.h; backward: `model.name = value;` in CostModel::backward()), and the
+    record named beside them."""
+    source = ROOT / "src" / "plan" / ("cost_model.h" if direction == "fwd" else "cost_model.cpp")
+    prefix = "double " if direction == "fwd" else "model\\."
+    tag = "cost_model" if direction == "fwd" else "cost_model_bwd"
+    text = source.read_text()
     for name, value in coefficients.items():
-        text, count = re.subn(rf"(double {name} = )[-0-9.e]+;", rf"\g<1>{value:.3f};", text)
+        text, count = re.subn(rf"({prefix}{name} = )[-0-9.e]+;", rf"\g<1>{value:.3f};", text)
         if count != 1:
-            raise SystemExit(f"{header}: expected one default for {name}, found {count}")
-    text, count = re.subn(r"bench/results/[0-9-]+_cost_model_\w+\.json", f"bench/results/{record_name}", text)
+            raise SystemExit(f"{source}: expected one value of {name}, found {count}")
+    text, count = re.subn(rf"bench/results/[0-9-]+_{tag}_\w+\.json", f"bench/results/{record_name}", text)
     if count != 1:
-        raise SystemExit(f"{header}: expected one record name, found {count}")
-    header.write_text(text)
-    print(f"wrote the fitted defaults into {header}")
+        raise SystemExit(f"{source}: expected one record name, found {count}")
+    source.write_text(text)
+    print(f"wrote the fitted coefficients into {source}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
 #   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
-#     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fit written
-#     into src/plan/cost_model.h (copied to $OUT), a rebuild and ctest with it, the auto-CP sweep
-#     (full; CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
+#     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
+#     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
+#     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
 #     timing of the two fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
@@ -14,7 +14,8 @@
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
-#   examples: for a second call on a warm machine after a tests call)
+#   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
+#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd")
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -81,21 +82,28 @@ fi
 
 if [ "$MODE" = cp ]; then
   kernel_times "1x32768 2 8 cp"
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --write-header >"$OUT/fit.log" 2>&1
-  note "cost-model fit rc=$?"
-  tail -n 14 "$OUT/fit.log"
-  cp bench/results/*cost_model_"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h "$OUT"/ 2>/dev/null
+  for direction in ${CP_FITS-fwd bwd}; do
+    timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --direction "$direction" --write-header \
+      >"$OUT/fit_$direction.log" 2>&1
+    note "cost-model fit ($direction) rc=$?"
+    tail -n 13 "$OUT/fit_$direction.log"
+  done
+  cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
   note "rebuild with the fitted model rc=$?"
   ctest --test-dir build -j "$(nproc)" >"$OUT/ctest_fitted.log" 2>&1
   note "ctest with the fitted model: $(grep -E 'tests passed|tests failed' "$OUT/ctest_fitted.log")"
   grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
-  note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
-  grep -E "ratio 1\.0[3-9]|ratio 1\.[1-9]" "$OUT/sweep.log" | head -10
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --direction bwd --out "$OUT" >"$OUT/sweep_bwd.log" 2>&1
-  note "backward cp sweep rc=$?"
-  grep "^bwd" "$OUT/sweep_bwd.log"
+  if [[ " ${CP_SWEEPS-fwd bwd} " == *" fwd "* ]]; then
+    timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
+    note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
+    grep -E "ratio 1\.0[3-9]|ratio 1\.[1-9]" "$OUT/sweep.log" | head -10
+  fi
+  if [[ " ${CP_SWEEPS-fwd bwd} " == *" bwd "* ]]; then
+    timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --direction bwd --out "$OUT" >"$OUT/sweep_bwd.log" 2>&1
+    note "backward cp sweep rc=$?"
+    grep "^bwd" "$OUT/sweep_bwd.log"
+  fi
 fi
 
 if [ "$MODE" = ab ]; then

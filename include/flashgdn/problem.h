@@ -48,7 +48,7 @@ struct Varlen {
 // heads whose gates do not decay a segment below e^{decay_threshold}, within e^{decay_threshold}
 // of the state's norm for the others). kAuto lets the planner decide from the sequence lengths,
 // which it knows in batch mode or from Varlen::cu_seqlens_host (without it, kAuto means off). The
-// backward follows the same options, except that its kAuto is off until its cost model is fitted.
+// backward follows the same options and plans its own cut with its own fitted cost model.
 enum class ContextParallel { kAuto, kOff, kOn };
 struct ContextParallelism {
   ContextParallel mode = ContextParallel::kAuto;

@@ -332,10 +332,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     dtype, final_state or None).
 
     Intra-card context parallelism (long sequences cut into segments run in parallel): auto_cp None
-    (default) lets the planner decide for the forward (batch mode, or varlen with cu_seqlens_cpu;
-    the backward stays unsplit until its cost model is fitted), False turns it off, True forces it
-    in both directions (cp_segment_chunks: segment length in 64-token chunks, 0 = the planner's). cp_decay_threshold: log-decay below which a head's segment
-    needs no exact transition (error <= e^threshold of the state's norm).
+    (default) lets the planner decide, for the forward and the backward each with its own cost model
+    (batch mode, or varlen with cu_seqlens_cpu), False turns it off (bitwise-reproducible runs),
+    True forces it in both directions (cp_segment_chunks: segment length in 64-token chunks, 0 =
+    the planner's). cp_decay_threshold: log-decay below which a head's segment needs no exact
+    transition (error <= e^threshold of the state's norm).
     """
     for key in kwargs:
         if key not in ("head_first", "cu_seqlens_cpu"):

@@ -4,17 +4,20 @@
 
 namespace flashgdn::plan {
 
-CostModel CostModel::backward_placeholder() {
+// Fitted by bench/fit_cost_model.py --direction bwd (record:
+// bench/results/2026-11-29_cost_model_bwd_unfitted.json).
+CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 8.0;
-  model.fused_item_us = 4.0;
-  model.state_chunk_us = 3.6;
-  model.state_m_chunk_us = 2.8;
-  model.state_item_us = 4.0;
-  model.correction_step_us = 0.8;
-  model.correction_m_step_us = 2.4;
-  model.correction_item_us = 2.0;
-  model.gate_scan_chunk_us = 0.04;
+  model.fused_chunk_us = 27.500;
+  model.fused_item_us = 0.000;
+  model.state_chunk_us = 8.000;
+  model.state_m_chunk_us = 0.000;
+  model.state_item_us = 0.000;
+  model.correction_step_us = 5.000;
+  model.correction_m_step_us = 0.140;
+  model.correction_item_us = 0.000;
+  model.gate_scan_chunk_us = 0.000;
+  model.launch_us = 52.000;
   return model;
 }
 

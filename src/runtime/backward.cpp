@@ -58,8 +58,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
     layout.dk_heads = offset;
     offset = align_up(offset + tokens_heads * 128 * sizeof(float));
   }
-  // The planner's cost model describes the forward passes: the backward cuts only when asked to.
-  if (in.context_parallelism.mode == ContextParallel::kOn) layout.cp = decide_cp(in);
+  // The backward plans its own cut with the backward's cost model (it need not match the forward's).
+  layout.cp = decide_cp(in, plan::CostModel::backward());
   if (layout.cp.enabled) {
     offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
     const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;

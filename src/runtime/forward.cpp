@@ -45,14 +45,14 @@ int64_t chunks_of(int64_t tokens) { return (tokens + 63) / 64; }
 
 }  // namespace
 
-CpDecision decide_cp(const Inputs& in) {
+CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   const ContextParallelism& options = in.context_parallelism;
   if (options.mode == ContextParallel::kOff) return {};
   const auto lengths = host_lengths(in);
   int64_t segment_chunks = options.mode == ContextParallel::kOn ? options.segment_chunks : 0;
   if (segment_chunks == 0) {
     if (lengths) {
-      const plan::CpPlan plan = plan::plan_cp({*lengths, in.shape.num_v_heads, num_sms()});
+      const plan::CpPlan plan = plan::plan_cp({*lengths, in.shape.num_v_heads, num_sms()}, model);
       segment_chunks = plan.enabled ? plan.target_segment_chunks : 0;
     }
     if (segment_chunks == 0) {

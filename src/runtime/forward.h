@@ -7,6 +7,7 @@
 
 #include "flashgdn/flashgdn.h"
 #include "kernels/sm90/launch.h"
+#include "plan/cost_model.h"
 #include "runtime/common.h"
 
 namespace flashgdn::detail {
@@ -18,13 +19,14 @@ namespace flashgdn::detail {
 inline constexpr kern::InverseKind kDefaultInverse = kern::InverseKind::kBF16;
 
 // Byte offsets of the workspace regions (256-byte aligned) and the total.
-// Whether and how the forward cuts sequences into segments (context_parallelism, cp_plan.h).
+// Whether and how a pass cuts sequences into segments (context_parallelism, cp_plan.h), with the
+// cost model of that pass (the forward's by default; the backward passes CostModel::backward()).
 struct CpDecision {
   bool enabled = false;
   int64_t segment_chunks = 0;  // L
   int64_t max_segments = 0;    // exact with host lengths, else a bound
 };
-CpDecision decide_cp(const Inputs& in);
+CpDecision decide_cp(const Inputs& in, const plan::CostModel& model = {});
 
 // CTAs per (sequence or segment, v-head) of the fused forward: 2 (half of the value columns each)
 // when even the doubled grid fits in one wave of the GPU's SMs, else 1.

@@ -254,7 +254,7 @@ TEST(PlanCp, NeverSlowerThanNoCpOverARandomSweep) {
   Rng rng(seed);
   const int32_t head_counts[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
   int enabled = 0, trials = 0;
-  for (const CostModel& model : {CostModel{}, CostModel::backward_placeholder()}) {
+  for (const CostModel& model : {CostModel{}, CostModel::backward()}) {
     for (int trial = 0; trial < 300; ++trial, ++trials) {
       const int64_t work = rng.integer(1, 256);  // sequences x heads
       int32_t heads = head_counts[rng.integer(0, 8)];

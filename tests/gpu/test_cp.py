@@ -179,6 +179,18 @@ def assert_close_to_no_cp(grads, ref):
     assert not over, f"CP vs no CP over tolerance: {over}"
 
 
+def test_backward_auto_plan(seed):
+    """The backward's planner (its own cost model) on one long sequence with few heads cuts it, and
+    the gradients agree with no CP within the oracle tolerances. (Mixed gates: head 0 has g == 0,
+    so the exact-M path rounds differently from the serial pass: a cut shows as a difference.)"""
+    x = make_inputs(1, 16384, 1, 2, regime="mixed")
+    do, dht = upstream(x)
+    ref = run_backward(x, do, dht, OFF)
+    auto = run_backward(x, do, dht, AUTO)
+    assert_close_to_no_cp(auto, ref)
+    assert any(not torch.equal(auto[n], ref[n]) for n in GRADS if auto[n] is not None), "the planner did not cut"
+
+
 def test_backward_truncation_shows(seed):
     """As test_truncation_error_bounded for the backward, with gates a quarter of "weak" (about -0.8 per
     chunk): a loose threshold (-0.5, one-chunk windows) drops about e^-0.8 of the carried state gradient,
