@@ -69,6 +69,21 @@ note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
 note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt") (waits $(grep -c WARPGROUP.DEPBAR "$OUT/sass.txt"): one per HGMMA means serialised), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
 
+if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with the fitted models
+  for direction in ${CP_FITS-fwd bwd}; do
+    timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --direction "$direction" --write-header \
+      >"$OUT/fit_$direction.log" 2>&1
+    note "cost-model fit ($direction) rc=$?"
+    tail -n 13 "$OUT/fit_$direction.log"
+  done
+  cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
+  cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
+  note "rebuild with the fitted model rc=$?"
+  ctest --test-dir build -j "$(nproc)" >"$OUT/ctest_fitted.log" 2>&1
+  note "ctest with the fitted model: $(grep -E 'tests passed|tests failed' "$OUT/ctest_fitted.log")"
+  grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
+fi
+
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
   note "pytest: $(tail -1 "$OUT/pytest.log")"
@@ -82,18 +97,6 @@ fi
 
 if [ "$MODE" = cp ]; then
   kernel_times "1x32768 2 8 cp"
-  for direction in ${CP_FITS-fwd bwd}; do
-    timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --direction "$direction" --write-header \
-      >"$OUT/fit_$direction.log" 2>&1
-    note "cost-model fit ($direction) rc=$?"
-    tail -n 13 "$OUT/fit_$direction.log"
-  done
-  cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
-  cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
-  note "rebuild with the fitted model rc=$?"
-  ctest --test-dir build -j "$(nproc)" >"$OUT/ctest_fitted.log" 2>&1
-  note "ctest with the fitted model: $(grep -E 'tests passed|tests failed' "$OUT/ctest_fitted.log")"
-  grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
   if [[ " ${CP_SWEEPS-fwd bwd} " == *" fwd "* ]]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
     note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
