@@ -5,19 +5,19 @@
 namespace flashgdn::plan {
 
 // Fitted by bench/fit_cost_model.py --direction bwd (record:
-// bench/results/2026-11-29_cost_model_bwd_unfitted.json).
+// bench/results/2026-11-29_cost_model_bwd_b8becea.json).
 CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 27.500;
+  model.fused_chunk_us = 27.368;
   model.fused_item_us = 0.000;
-  model.state_chunk_us = 8.000;
+  model.state_chunk_us = 11.964;
   model.state_m_chunk_us = 0.000;
   model.state_item_us = 0.000;
-  model.correction_step_us = 5.000;
-  model.correction_m_step_us = 0.140;
+  model.correction_step_us = 9.347;
+  model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
   model.gate_scan_chunk_us = 0.000;
-  model.launch_us = 52.000;
+  model.launch_us = 42.582;
   return model;
 }
 

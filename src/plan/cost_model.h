@@ -33,7 +33,7 @@
 // The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
 // flashgdn's forward kernels (record: bench/results/2026-11-29_cost_model_e22031f.json). The fit
 // has three single-wave experiments, so it cannot separate the per-item constants from the launch:
-// they are folded into launch_us (the fixed price of the three extra CP kernels, about 94 us), and
+// they are folded into launch_us (the fixed price of the three extra CP kernels, about 79 us), and
 // the S* and M passes of a segment, which run side by side, share state_chunk_us. Refit after any
 // change to the fused, state-pass or correction kernels.
 #pragma once
