@@ -92,7 +92,9 @@ def run_forward(cfg: Config, ctx: Context) -> list[dict]:
         ref = forward_f64(**{n: x[n][:, tok, :1] for n in ("q", "k", "v", "g", "beta")}, scale=scale,
                           initial_state=x["initial_state"][seq:seq + 1, :1])
     row, notes, timing = _base_row(cfg, "fwd", ctx), [], []
-    ours_fn = lambda: flashgdn.chunk_gated_delta_rule(**x, scale=scale, cu_seqlens=inp["cu"], output_final_state=True)
+    # the host copy of cu_seqlens, as the backward rows get it: the planner needs the lengths (auto-CP)
+    ours_fn = lambda: flashgdn.chunk_gated_delta_rule(**x, scale=scale, cu_seqlens=inp["cu"], output_final_state=True,
+                                                      cu_seqlens_cpu=inp["cu_cpu"])
     row["flashgdn_ms"], out = _timed(ours_fn, ctx, "flashgdn", notes, timing)
     ours = sample(out) if out is not None else None
     del out
