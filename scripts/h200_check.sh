@@ -6,11 +6,11 @@
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
 #     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
 #     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
-#     timing of the two fused forward kernels
+#     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors")
-#   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
+#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
@@ -33,8 +33,8 @@ fi
 
 kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py)
   for config in "$@"; do
-    ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn --metrics gpu__time_duration.sum \
-      python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
+    timeout 180 ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn \
+      --metrics gpu__time_duration.sum python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
     echo "kernel times, $config:"
     grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
   done
@@ -85,8 +85,9 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
 fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
-  note "pytest: $(tail -1 "$OUT/pytest.log")"
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s \
+    --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+  note "pytest rc=$? (124: stopped by PYTEST_TIMEOUT): $(tail -1 "$OUT/pytest.log")"
   grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 
   timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
@@ -113,7 +114,7 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  kernel_times "4x8192 16 32" "1x32768 2 8" "1x32768 2 8 cp"
+  kernel_times "4x8192 16 32" "4x8192 16 32 ws" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws"
 fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)

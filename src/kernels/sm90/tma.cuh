@@ -25,6 +25,12 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t* barrier, uint32_t 
                : "memory");
 }
 
+// One plain arrival (release: this thread's earlier shared-memory writes are visible to a thread
+// whose wait sees the phase complete).
+__device__ __forceinline__ void arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(barrier)) : "memory");
+}
+
 // Blocks until the barrier's phase with parity `phase` has completed.
 __device__ __forceinline__ void wait(uint64_t* barrier, uint32_t phase) {
   asm volatile(
