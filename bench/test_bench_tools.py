@@ -258,7 +258,7 @@ class Summary(unittest.TestCase):
             self.assertIn(summary.END, fresh.read_text())
 
     def test_main_on_the_repository_records(self):
-        if not (RESULTS / "2026-11-29_forward_0aab96f.csv").is_file():
+        if not (RESULTS / "2026-11-29_forward_5f5b6be.csv").is_file():
             self.skipTest("records not present")
         out = io.StringIO()
         cwd = os.getcwd()
@@ -269,7 +269,7 @@ class Summary(unittest.TestCase):
         finally:
             os.chdir(cwd)
         text = out.getvalue()
-        self.assertIn("`bench/results/2026-11-29_forward_0aab96f.csv`", text)  # the full table, not a quick run
+        self.assertIn("Record `bench/results/2026-11-29_forward_5f5b6be.csv`;", text)  # the latest full table alone
         self.assertIn("### Backward only (`bwd`)", text)
 
 
