@@ -155,6 +155,40 @@ struct FusedForwardWg {
     }
   }
 
+  // Columns col0 .. col0 + 63 of the state entering the item: the identity (a CP transition), zero,
+  // or the given initial state.
+  static __device__ void load_initial_state(const WorkItem& item, int col0, Acc (&state)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 64 * i + acc_row(e), col = col0 + acc_col(j, e);
+          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
+                                : item.initial.base == nullptr ? 0.f
+                                                               : item.initial.load(row, col);
+        }
+  }
+
+  // Columns col0 .. col0 + 63 of S -> a fp32 state (a checkpoint or the final state).
+  static __device__ void store_state(const StateBlock& out, int col0, const Acc (&state)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
+  }
+
+  // The checkpoint after chunk c of the item (a full chunk ending a checkpoint interval).
+  static __device__ void store_checkpoint(const ForwardParams& p, const WorkItem& item, int64_t c, int rows, int h,
+                                          int col0, const Acc (&state)[2]) {
+    if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0)
+      store_state(checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h), col0,
+                  state);
+  }
+
   // This group's columns of S (rows 64 i + acc rows) -> the bf16 copy (panel `group`).
   static __device__ void store_state_copy(SharedStorage& s, const Acc (&state)[2], int group) {
     unsigned char* panel = s.state + group * kStatePanelBytes;
@@ -230,17 +264,7 @@ struct FusedForwardWg {
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
 
     Acc state[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = 64 * i + acc_row(e), col = col0 + acc_col(j, e);
-          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
-                                : item.initial.base == nullptr ? 0.f
-                                                               : item.initial.load(row, col);
-        }
+    load_initial_state(item, col0, state);
     store_state_copy(s, state, group);
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -376,16 +400,7 @@ struct FusedForwardWg {
       if (with_o)  // o into the Vd panel (P Vd has read it); copied out under the next chunk's wgmmas
         store_fragments(vd_panel, 0, [&](int j, int e) { return p.scale * qs[4 * j + e]; });
       store_state_copy(s, state, group);  // this group's K S and Q S read the old copy before its barrier
-      if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0) {
-        StateBlock out = checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              out.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
-      }
+      store_checkpoint(p, item, c, rows, h, col0, state);
     }
 
     if (with_o && num_chunks > 0) {  // the last chunk's o
@@ -395,16 +410,8 @@ struct FusedForwardWg {
     }
 
     // The work item and column offset again (pure): not kept in registers across the loop.
-    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr) {
-      const int final_col0 = 64 * static_cast<int>(threadIdx.x / 128);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            final.store(64 * i + acc_row(e), final_col0 + acc_col(j, e), state[i][4 * j + e]);
-    }
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      store_state(final, 64 * static_cast<int>(threadIdx.x / 128), state);
   }
 };
 

@@ -229,17 +229,7 @@ struct FusedForwardWs {
     unsigned char* vd_decayed_panel = s.vd_decayed + group * kPanelBytes;
 
     Acc state[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = 64 * i + Tiles::acc_row(e), col = col0 + Tiles::acc_col(j, e);
-          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
-                                : item.initial.base == nullptr ? 0.f
-                                                               : item.initial.load(row, col);
-        }
+    Tiles::load_initial_state(item, col0, state);
     store_state_panel(state_panel, state);
     wg::fence_shared_to_async();
     group_sync(barrier);
@@ -323,16 +313,7 @@ struct FusedForwardWs {
       if (with_o)  // o into the Vd panel (P Vd has read it); copied out under the next chunk's wgmmas
         Tiles::store_fragments(vd_panel, 0, [&](int j, int e) { return p.scale * qs[4 * j + e]; });
       store_state_panel(state_panel, state);
-      if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0) {
-        StateBlock out = checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              out.store(64 * i + Tiles::acc_row(e), col0 + Tiles::acc_col(j, e), state[i][4 * j + e]);
-      }
+      Tiles::store_checkpoint(p, item, c, rows, h, col0, state);
       wg::fence_shared_to_async();  // S for the next chunk's wgmmas
       group_sync(barrier);          // ... and o, for the copy
     }
@@ -340,15 +321,7 @@ struct FusedForwardWs {
       const int64_t last = num_chunks - 1;
       Tiles::copy_out(p, vd_panel, b, item.bos + last * kChunk, chunk_rows(item, last), h, col0);
     }
-    if (item.final.base != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            item.final.store(64 * i + Tiles::acc_row(e), col0 + Tiles::acc_col(j, e), state[i][4 * j + e]);
-    }
+    if (item.final.base != nullptr) Tiles::store_state(item.final, col0, state);
   }
 
   static __device__ void run(const ForwardParams& p) {
