@@ -73,6 +73,8 @@ struct FusedForwardWs {
     alignas(8) uint64_t free[2];
   };
 
+  static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
   static __device__ __forceinline__ void group_sync(int barrier) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
   }
@@ -144,6 +146,8 @@ struct FusedForwardWs {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(item, c);
       if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
+      // One memory round trip per chunk for the tiles, the gates and A_r together (the slot cannot
+      // be refilled before the state groups finish chunk c-2).
       load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
       ChunkGates gates;
       if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
@@ -188,10 +192,10 @@ struct FusedForwardWs {
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int col = 16 * ks + c_lane + 8 * (q / 2);
-          const float2 pair = to_float2(a_r[ks][q]);
-          b_tilde[ks][q] =
-              pack_pair<Elem>(row_decay[q % 2] * pair.x * beta[col], row_decay[q % 2] * pair.y * beta[col + 1]);
+          const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2);
+          const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
+          b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta[col] : 0.f,
+                                           col + 1 <= row ? row_decay[q % 2] * pair.y * beta[col + 1] : 0.f);
         }
       float w[64];
       wg::fence();  // the fragment registers were just written
