@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage]
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage|dist]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
 #     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
@@ -9,7 +9,8 @@
 #     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
-#     (one call per .whl/<group>, bench/notes.md "Anchors")
+#     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
+#     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
 #   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
@@ -58,6 +59,19 @@ if [ "$MODE" = bench ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench ${BENCH_ARGS:-} --out "$OUT" >"$OUT/bench.log" 2>&1
   note "benchmark rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
   tail -n 40 "$OUT/bench.log"
+  echo "================ summary"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$MODE" = dist ]; then
+  nvidia-smi -L
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
+  note "distributed tests rc=$?: $(tail -1 "$OUT/pytest_dist.log")"
+  grep -E "ranks on|SKIPPED|FAILED" "$OUT/pytest_dist.log" | head -12
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
+  note "distributed scaling rc=$?"
+  grep -E "GPU" "$OUT/scaling.log" | head -24
   echo "================ summary"
   printf '%s\n' "${summary[@]}"
   exit 0
