@@ -11,7 +11,9 @@
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
 #     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
-#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
+#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu on the fused forward) or
+#   PROFILE="regex config...;..." (ncu --set full on the first kernel matching regex in
+#   bench/profile_forward.py config, e.g. "chunk_inverse 4x8192 16 32;fused_forward_ws 4x8192 16 32 ws"),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
@@ -145,12 +147,19 @@ if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
   tail -n 25 "$OUT/bench_bwd.log"
 fi
 
-if [ -n "${PROFILE:-}" ]; then  # ncu on the fused forward of one configuration
-  ncu --clock-control none --set full -k regex:fused_forward -c 1 -o "$OUT/fused_forward" \
-    python3 bench/profile_forward.py >"$OUT/ncu.log" 2>&1
-  note "ncu rc=$?"
-  ncu --import "$OUT/fused_forward.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
-  grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|Issue Slots|Compute \(SM\) Throughput|Memory Throughput" "$OUT/ncu_details.txt" | head -30
+if [ -n "${PROFILE:-}" ]; then  # ncu --set full on one kernel per entry of PROFILE ("regex config ...;" ...)
+  IFS=';' read -ra profiles <<<"$([ "$PROFILE" = 1 ] && echo "fused_forward 1x8192 16 32" || echo "$PROFILE")"
+  for entry in "${profiles[@]}"; do
+    read -r regex config <<<"$entry"
+    name=$(echo "$regex $config" | tr -c 'A-Za-z0-9' '_' | sed 's/_*$//')
+    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -c 1 -o "$OUT/$name" \
+      python3 bench/profile_forward.py $config >"$OUT/ncu_$name.log" 2>&1
+    note "ncu $regex ($config) rc=$?"
+    ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/ncu_$name.txt" 2>&1
+    grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
+      "$OUT/ncu_$name.txt" | head -16
+    rm -f "$OUT/$name.ncu-rep"
+  done
 fi
 
 echo "================ summary"
