@@ -212,6 +212,35 @@ struct FusedForwardWg {
     }
   }
 
+  // Phase 3's wgmmas, one commit group: S = e^gamma S + K^T @ (rho Vd) (panel i of the K tile is
+  // K^T's rows 64 i ..) and, with o, O += P @ Vd, from this group's Vd and rho Vd panels.
+  static __device__ __forceinline__ void issue_output_and_update(Acc (&state)[2], Acc& o, float gamma, bool with_o,
+                                                                 const unsigned char* p_tile,
+                                                                 const unsigned char* k_tile,
+                                                                 const unsigned char* vd_panel,
+                                                                 const unsigned char* vd_decayed_panel) {
+    const float decay = exp2_approx(gamma);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int x = 0; x < 32; ++x) state[i][x] *= decay;
+    wg::fence();
+    if (with_o) {
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(o, wg::descriptor<Major::kK>(p_tile, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(state[i],
+                                                     wg::descriptor<Major::kMN>(k_tile + i * kPanelBytes, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
+    wg::commit();
+  }
+
   // Ag = G (.) A_r (.) 1 beta^T (lower triangle with diagonal, rows past the chunk zero), by the
   // 128 threads of group 0: row = thread / 2, 32 columns each, A_r from shared memory.
   static __device__ void gated_inverse(SharedStorage& s, int buf, int rows) {
@@ -373,26 +402,7 @@ struct FusedForwardWg {
       group_barrier(group);
 
       // Phase 3: O = Gamma QS + P @ Vd; S = e^gamma S + K^T @ (rho (.) Vd).
-      const float decay = exp2_approx(gamma);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int x = 0; x < 32; ++x) state[i][x] *= decay;
-      wg::fence();
-      if (with_o) {
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.p, k0, kChunk),
-                                                      wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)  // rows 64 i ..: panel i of the K tile is K^T's rows 64 i ..
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(
-              state[i], wg::descriptor<Major::kMN>(s.k[buf] + i * kPanelBytes, k0, kChunk),
-              wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
-      wg::commit();
+      issue_output_and_update(state, qs, gamma, with_o, s.p, s.k[buf], vd_panel, vd_decayed_panel);
       wg::wait<0>();
       wg::fence_operand(state[0]);
       wg::fence_operand(state[1]);

@@ -288,26 +288,7 @@ struct FusedForwardWs {
       group_sync(barrier);
 
       // O = Gamma QS + P Vd; S = e^gamma S + K^T (rho Vd).
-      const float state_decay = exp2_approx(gamma);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int x = 0; x < 32; ++x) state[i][x] *= state_decay;
-      wg::fence();
-      if (with_o) {
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(slot.p, k0, kChunk),
-                                                      wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)  // rows 64 i ..: panel i of the K tile is K^T's rows 64 i ..
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(
-              state[i], wg::descriptor<Major::kMN>(slot.k + i * kPanelBytes, k0, kChunk),
-              wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
-      wg::commit();
+      Tiles::issue_output_and_update(state, qs, gamma, with_o, slot.p, slot.k, vd_panel, vd_decayed_panel);
       wg::wait<0>();
       wg::fence_operand(state[0]);
       wg::fence_operand(state[1]);
