@@ -11,7 +11,9 @@
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
 #     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
-#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu on the fused forward) or
+#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), PYTEST_SMOKE (a
+#   first pytest run bounded by 120 s, default "tests/gpu/test_forward.py -k kernels"; empty: none;
+#   a hang there stops the call), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu on the fused forward) or
 #   PROFILE="regex config...;..." (ncu --set full on the first kernel matching regex in
 #   bench/profile_forward.py config, e.g. "chunk_inverse 4x8192 16 32;fused_forward_ws 4x8192 16 32 ws"),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
@@ -100,6 +102,18 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
   grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
 fi
 
+if [ -z "${SKIP_TESTS:-}" ] && [ -n "${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels}" ]; then
+  # a short first run of the newest kernels: a hang costs 120 s, not the whole suite's timeout
+  timeout 120 python3 -m pytest ${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels} -q -rfE -s >"$OUT/pytest_smoke.log" 2>&1
+  smoke=$?
+  note "pytest smoke rc=$smoke (124: hung): $(tail -1 "$OUT/pytest_smoke.log")"
+  grep -E "^FAILED|^ERROR" "$OUT/pytest_smoke.log" | head -10
+  if [ $smoke -eq 124 ]; then  # a kernel hangs: the benchmarks would hang too
+    echo "================ summary"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+  fi
+fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s \
     --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1

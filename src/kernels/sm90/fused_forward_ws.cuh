@@ -134,8 +134,9 @@ struct FusedForwardWs {
       }
   }
 
-  static __device__ void run_aux(const ForwardParams& p, SharedStorage& s, const WorkItem& item, int64_t num_chunks,
-                                 bool with_o, int hk, int h) {
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, SharedStorage& s, bool with_o, int hk, int h) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int64_t b = item.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = Tiles::acc_row(0), c_lane = 2 * (lane % 4);
@@ -224,8 +225,10 @@ struct FusedForwardWs {
       Tiles::store_fragments(panel, 64 * i, [&](int j, int e) { return state[i][4 * j + e]; });
   }
 
-  static __device__ void run_state(const ForwardParams& p, SharedStorage& s, const WorkItem& item, int64_t num_chunks,
-                                   bool with_o, int h, int group) {
+  static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, bool with_o, int h,
+                                                   int group) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int64_t b = item.batch;
     const int col0 = 64 * group, barrier = 2 + group;
     unsigned char* state_panel = s.state + group * kStatePanelBytes;
@@ -306,7 +309,9 @@ struct FusedForwardWs {
       const int64_t last = num_chunks - 1;
       Tiles::copy_out(p, vd_panel, b, item.bos + last * kChunk, chunk_rows(item, last), h, col0);
     }
-    if (item.final.base != nullptr) Tiles::store_state(item.final, col0, state);
+    // The work item again (pure): not kept in registers across the loop.
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      Tiles::store_state(final, col0, state);
   }
 
   static __device__ void run(const ForwardParams& p) {
@@ -323,17 +328,16 @@ struct FusedForwardWs {
       tma::fence_barrier_init();
     }
     __syncthreads();
-    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     // Passes without o (the CP state pass) skip Q: its loads, QS, Q K^T, P and P Vd.
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
     // Warpgroup index made visibly warp-uniform (see fused_forward_wg.cuh).
     const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (role == 0) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kAuxRegisters));
-      run_aux(p, s, item, num_chunks, with_o, h / (p.num_v_heads / p.num_qk_heads), h);
+      run_aux(p, s, with_o, h / (p.num_v_heads / p.num_qk_heads), h);
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kStateRegisters));
-      run_state(p, s, item, num_chunks, with_o, h, role - 1);
+      run_state(p, s, with_o, h, role - 1);
     }
   }
 };
