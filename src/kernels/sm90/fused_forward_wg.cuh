@@ -337,7 +337,7 @@ struct FusedForwardWg {
         }
       }
       // Chunk c-1's o (a full chunk: only the last may be partial) leaves its tile under these
-      // wgmmas; the top barrier made the tile visible, phase 2's barrier orders the copy before
+      // wgmmas; the top barrier made the tile visible, the barrier closing phase 1 orders the copy before
       // Vd overwrites it.
       const unsigned char* o_tile = s.vd + group * kPanelBytes;
       if (group == 0 || !with_o) {
