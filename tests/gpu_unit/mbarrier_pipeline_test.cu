@@ -31,13 +31,7 @@ __device__ void spin(int64_t cycles) {
 
 __global__ void __launch_bounds__(384, 1) pipeline_kernel(int* mismatches) {
   __shared__ Shared s;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i) {
-      tma::barrier_init(&s.ready[i], 128);
-      tma::barrier_init(&s.free[i], 256);
-    }
-    tma::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
   __syncthreads();
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   int bad = 0;

@@ -320,13 +320,7 @@ struct FusedForwardWs {
     const int h = blockIdx.y;
     const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
     if (!item.valid) return;
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < 2; ++i) {
-        tma::barrier_init(&s.ready[i], 128);
-        tma::barrier_init(&s.free[i], 256);
-      }
-      tma::fence_barrier_init();
-    }
+    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
     __syncthreads();
     // Passes without o (the CP state pass) skip Q: its loads, QS, Q K^T, P and P Vd.
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
