@@ -40,6 +40,19 @@ HEADS = [1, 2, 4, 8, 16, 32, 64]
 MAX_TOKENS_HEADS = 131072 * 32  # memory / time cap per configuration
 
 
+def sweep_inputs(n, length, hv):
+    """n sequences of `length` tokens packed in one batch row, "mixed" gates: (q, k, v, g, beta), the
+    device cu_seqlens and its host copy."""
+    T = n * length
+    q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
+    v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
+    g = make_gates("mixed", 1, T, hv, "cuda")
+    beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
+    cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
+    return (q, k, v, g, beta), cu_cpu.to(device="cuda", dtype=torch.int32), cu_cpu
+
+
 def timed(x, mode, cu, cu_cpu):
     q, k, v, g, beta = x
     o = torch.empty_like(v)
@@ -68,15 +81,7 @@ def backward_sweep(out_dir):
         writer = csv.writer(f)
         writer.writerow(["sequences", "h_v", "tokens_per_seq", "segment_chunks", "ms", "over_off"])
         for n, length, hv in configs:
-            T = n * length
-            q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-            k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-            v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
-            g = make_gates("mixed", 1, T, hv, "cuda")
-            beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
-            cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
-            cu = cu_cpu.to(device="cuda", dtype=torch.int32)
-            x = (q, k, v, g, beta)
+            x, cu, cu_cpu = sweep_inputs(n, length, hv)
             t_off = backward_timed(x, OFF, 0, cu, cu_cpu)
             writer.writerow([n, hv, length, 0, f"{t_off:.4f}", "1.000"])
             best = (t_off, 0)
@@ -116,15 +121,7 @@ def main():
                 for hv in heads:
                     if n * hv > 256 or n * length * hv > MAX_TOKENS_HEADS:
                         continue
-                    T = n * length
-                    q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-                    k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-                    v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
-                    g = make_gates("mixed", 1, T, hv, "cuda")
-                    beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
-                    cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
-                    cu = cu_cpu.to(device="cuda", dtype=torch.int32)
-                    x = (q, k, v, g, beta)
+                    x, cu, cu_cpu = sweep_inputs(n, length, hv)
                     t_auto, o_auto = timed(x, AUTO, cu, cu_cpu)
                     t_off, o_off = timed(x, OFF, cu, cu_cpu)
                     differs = not torch.equal(o_auto, o_off)  # CP engaged (different roundings)
@@ -136,7 +133,7 @@ def main():
                     f.flush()
                     print(f"N={n:2d} Hv={hv:3d} len={length:6d}  auto {t_auto:8.3f} ms  off {t_off:8.3f} ms  "
                           f"ratio {ratio:.3f}{'  (CP)' if differs else ''}")
-                    del q, k, v, g, beta, x, o_auto, o_off
+                    del x, o_auto, o_off
     geo = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else float("nan")
     print(f"summary: {len(ratios)} configs, worst auto/off {max(ratios):.3f}, CP engaged on {len(gains)} "
           f"with geomean speedup {geo:.2f}x; wrote {path}")

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage]
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage|dist]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
 #     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
 #     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
-#     timing of the two fused forward kernels
+#     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
-#     (one call per .whl/<group>, bench/notes.md "Anchors")
-#   env: PYTEST_ARGS (default tests/gpu), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu),
+#     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
+#     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
+#   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), PYTEST_SMOKE (a
+#   first pytest run bounded by 120 s, default "tests/gpu/test_forward.py -k kernels"; empty: none;
+#   a hang there stops the call), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu on the fused forward) or
+#   PROFILE="regex config...;..." (ncu --set full on the first kernel matching regex in
+#   bench/profile_forward.py config, e.g. "chunk_inverse 4x8192 16 32;fused_forward_ws 4x8192 16 32 ws"),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
@@ -33,8 +38,8 @@ fi
 
 kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py)
   for config in "$@"; do
-    ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn --metrics gpu__time_duration.sum \
-      python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
+    timeout 180 ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn \
+      --metrics gpu__time_duration.sum python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
     echo "kernel times, $config:"
     grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
   done
@@ -63,6 +68,19 @@ if [ "$MODE" = bench ]; then
   exit 0
 fi
 
+if [ "$MODE" = dist ]; then
+  nvidia-smi -L
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
+  note "distributed tests rc=$?: $(tail -1 "$OUT/pytest_dist.log")"
+  grep -E "ranks on|SKIPPED|FAILED" "$OUT/pytest_dist.log" | head -12
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
+  note "distributed scaling rc=$?"
+  grep -E "GPU" "$OUT/scaling.log" | head -24
+  echo "================ summary"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
 ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
 note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 
@@ -84,9 +102,22 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
   grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
 fi
 
+if [ -z "${SKIP_TESTS:-}" ] && [ -n "${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels}" ]; then
+  # a short first run of the newest kernels: a hang costs 120 s, not the whole suite's timeout
+  timeout 120 python3 -m pytest ${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels} -q -rfE -s >"$OUT/pytest_smoke.log" 2>&1
+  smoke=$?
+  note "pytest smoke rc=$smoke (124: hung): $(tail -1 "$OUT/pytest_smoke.log")"
+  grep -E "^FAILED|^ERROR" "$OUT/pytest_smoke.log" | head -10
+  if [ $smoke -eq 124 ]; then  # a kernel hangs: the benchmarks would hang too
+    echo "================ summary"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+  fi
+fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
-  note "pytest: $(tail -1 "$OUT/pytest.log")"
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s \
+    --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+  note "pytest rc=$? (124: stopped by PYTEST_TIMEOUT): $(tail -1 "$OUT/pytest.log")"
   grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
 
   timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
@@ -113,7 +144,7 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  kernel_times "4x8192 16 32" "1x32768 2 8" "1x32768 2 8 cp"
+  kernel_times "4x8192 16 32" "4x8192 16 32 ws" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws"
 fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)
@@ -130,12 +161,19 @@ if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
   tail -n 25 "$OUT/bench_bwd.log"
 fi
 
-if [ -n "${PROFILE:-}" ]; then  # ncu on the fused forward of one configuration
-  ncu --clock-control none --set full -k regex:fused_forward -c 1 -o "$OUT/fused_forward" \
-    python3 bench/profile_forward.py >"$OUT/ncu.log" 2>&1
-  note "ncu rc=$?"
-  ncu --import "$OUT/fused_forward.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
-  grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|Issue Slots|Compute \(SM\) Throughput|Memory Throughput" "$OUT/ncu_details.txt" | head -30
+if [ -n "${PROFILE:-}" ]; then  # ncu --set full on one kernel per entry of PROFILE ("regex config ...;" ...)
+  IFS=';' read -ra profiles <<<"$([ "$PROFILE" = 1 ] && echo "fused_forward 1x8192 16 32" || echo "$PROFILE")"
+  for entry in "${profiles[@]}"; do
+    read -r regex config <<<"$entry"
+    name=$(echo "$regex $config" | tr -c 'A-Za-z0-9' '_' | sed 's/_*$//')
+    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -c 1 -o "$OUT/$name" \
+      python3 bench/profile_forward.py $config >"$OUT/ncu_$name.log" 2>&1
+    note "ncu $regex ($config) rc=$?"
+    ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/ncu_$name.txt" 2>&1
+    grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
+      "$OUT/ncu_$name.txt" | head -16
+    rm -f "$OUT/$name.ncu-rep"
+  done
 fi
 
 echo "================ summary"

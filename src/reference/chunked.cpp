@@ -5,6 +5,8 @@
 //     W   = V - Gam (K S)                Vd[s] = sum_{t<=s} G[s,t] A_r[s,t] b_t W[t]
 //     O[s] = scale (e^{g_s} q_s^T S + sum_{t<=s} G[s,t] (q_s . k_t) Vd[t])
 //     S'  = e^gamma S + sum_t rho_t k_t Vd[t]^T
+// and Vd in the WY form of the warp-specialized kernel (chunk_vd_wy):
+//     Vd = (G (.) A_r (.) 1 b^T) V - (Gam A_r diag(b)) K S
 #include <algorithm>
 #include <cmath>
 
@@ -134,6 +136,31 @@ ChunkStep chunk_step(const HeadInputs& head, ChunkRange r, const std::vector<dou
     }
   }
   return step;
+}
+
+std::vector<double> chunk_vd_wy(const HeadInputs& head, ChunkRange r, const std::vector<double>& s) {
+  const int n = r.n, K = head.K, V = head.V;
+  const double* k = &head.k[r.begin * K];
+  const double* v = &head.v[r.begin * V];
+  const double* beta = &head.beta[r.begin];
+  const std::vector<double> g_cum = chunk_gate_cumsum(head, r);
+  const std::vector<double> a_r = chunk_a_r(head, r);
+  // W~ = (Gam A_r diag(b)) K: [n][K]
+  std::vector<double> w_tilde(static_cast<size_t>(n) * K, 0.0);
+  for (int row = 0; row < n; ++row)
+    for (int col = 0; col <= row; ++col) {
+      const double coef = std::exp(g_cum[row]) * a_r[row * n + col] * beta[col];
+      for (int i = 0; i < K; ++i) w_tilde[row * K + i] += coef * k[col * K + i];
+    }
+  // Vd = (G (.) A_r (.) 1 b^T) V - W~ S
+  std::vector<double> vd = rows_times_state(w_tilde.data(), n, s, K, V);
+  for (double& x : vd) x = -x;
+  for (int row = 0; row < n; ++row)
+    for (int col = 0; col <= row; ++col) {
+      const double coef = std::exp(g_cum[row] - g_cum[col]) * a_r[row * n + col] * beta[col];
+      for (int j = 0; j < V; ++j) vd[row * V + j] += coef * v[col * V + j];
+    }
+  return vd;
 }
 
 HeadOutputs chunked_forward(const HeadInputs& head) {

@@ -59,6 +59,9 @@ struct ChunkStep {
   std::vector<double> s_next;  // S': [K][V]
 };
 ChunkStep chunk_step(const HeadInputs& head, ChunkRange r, const std::vector<double>& s);
+// Vd in the WY form of the warp-specialized kernel (fused_forward_ws.cuh):
+//   Vd = Ag V - W~ S,  Ag = G (.) A_r (.) 1 b^T,  W~ = (Gam A_r diag(b)) K   ([n][V], = ChunkStep::v_new).
+std::vector<double> chunk_vd_wy(const HeadInputs& head, ChunkRange r, const std::vector<double>& s);
 
 // The whole head, chunk after chunk from head.s0.
 HeadOutputs chunked_forward(const HeadInputs& head);

@@ -110,9 +110,11 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel) {
-  p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kAuto && forced_v_split == 0);
+  p.warp_specialized = kernel == FusedKernel::kWarpSpecialized && chunk_states == nullptr;
+  p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kWarpSpecialized && !p.warp_specialized) ||
+            (kernel == FusedKernel::kAuto && forced_v_split == 0);
   auto split = [&](int64_t items) {
-    return p.wgmma ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
+    return p.wgmma || p.warp_specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
   if (p.cp_pass != kern::kNoCp) {
     const bool bf16 = elem == kern::ElemKind::kBF16;
@@ -180,10 +182,12 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (variant.v_split < 0 || variant.v_split > 2)
     return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
   if (variant.kernel != FusedKernel::kAuto && variant.kernel != FusedKernel::kMmaSync &&
-      variant.kernel != FusedKernel::kWgmma)
-    return {StatusCode::kInvalidArgument, "kernel: must be 0 (automatic), 1 (mma.sync) or 2 (wgmma)"};
-  if (variant.kernel == FusedKernel::kWgmma && variant.v_split == 2)
-    return {StatusCode::kInvalidArgument, "v_split: the wgmma kernel has no V split (v_split 0 or 1)"};
+      variant.kernel != FusedKernel::kWgmma && variant.kernel != FusedKernel::kWarpSpecialized)
+    return {StatusCode::kInvalidArgument,
+            "kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma) or 3 (warp-specialized)"};
+  if ((variant.kernel == FusedKernel::kWgmma || variant.kernel == FusedKernel::kWarpSpecialized) &&
+      variant.v_split == 2)
+    return {StatusCode::kInvalidArgument, "v_split: the wgmma kernels have no V split (v_split 0 or 1)"};
   const kern::InverseKind inverse = variant.inverse;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);

@@ -44,8 +44,10 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
 Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
                unsigned char* workspace, cudaStream_t stream);
 // Which fused forward kernel runs: kAuto = the wgmma kernel (fused_forward_wg.cuh) unless a V
-// split is forced; kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one.
-enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// split is forced; kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one;
+// kWarpSpecialized = fused_forward_ws.cuh (not for passes that write chunk_states: those run the
+// wgmma kernel).
+enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3 };
 
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
 // windows, the state pass, the correction and the main pass. Each pass's kernel and V split are

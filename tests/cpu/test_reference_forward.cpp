@@ -49,6 +49,29 @@ TEST(ReferenceChunked, MatchesRecurrenceAtHeadDim128) {
   }
 }
 
+// The WY form of Vd (the warp-specialized kernel's: Ag V - (Gam A_r diag(b)) K S, with Ag Gam =
+// Gam A_r diag(b)) equals the chunk step's Ag (V - Gam K S), full and partial chunks.
+TEST(ReferenceChunked, WyFormOfVdMatchesTheChunkStep) {
+  const uint64_t seed = announced_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (GateRegime regime : kAllRegimes)
+    for (int64_t T : {64, 37, 130}) {
+      const int K = static_cast<int>(rng.integer(8, 32)), V = static_cast<int>(rng.integer(8, 32));
+      SCOPED_TRACE(describe(regime, T, K, V));
+      const HeadInputs head = random_head(rng, regime, T, K, V, true).in;
+      std::vector<double> s = head.s0;
+      for (int64_t c = 0; c < reference::num_chunks(T); ++c) {
+        const reference::ChunkRange r = reference::chunk_range(head, c);
+        const reference::ChunkStep step = reference::chunk_step(head, r, s);
+        const std::vector<double> vd = reference::chunk_vd_wy(head, r, s);
+        ASSERT_TRUE(all_finite(vd));
+        EXPECT_LE(rel_l2(vd, step.v_new), kTight) << "chunk " << c;
+        s = step.s_next;
+      }
+    }
+}
+
 // The pieces of one chunk step satisfy their definitions: A_r inverts the gate-free system,
 // G ⊙ A_r inverts the gated one (gate extraction), Vd is the recurrence's per-token update
 // u_t = b_t (v_t - e^{g_t} S_{t-1}^T k_t), and the affine map reproduces S'.

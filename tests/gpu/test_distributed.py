@@ -7,7 +7,8 @@ reference, float64 inputs) the two agree to fp32 rounding (states cross ranks in
 heads and strong-decay heads side by side.
 
 With a GPU the ranks run on it; without one (conftest skips tests/gpu) the CPU variant runs with
-`python -m pytest --noconftest tests/gpu/test_distributed.py` (needs torch)."""
+`python -m pytest --noconftest tests/gpu/test_distributed.py` (needs torch). With as many GPUs as
+ranks, the "nccl" variant puts rank r on GPU r and exchanges over NCCL (NVLink multicast off)."""
 
 import datetime
 import os
@@ -62,8 +63,13 @@ def loss_and_grads(x, h0, weights_o, weights_s, call, final_weight=1.0):
 
 def worker(rank, world, port, device, dtype, bounds, out_dir):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    backend = "gloo"
+    if device == "nccl":  # one GPU per rank
+        os.environ["NCCL_NVLS_ENABLE"] = "0"
+        torch.cuda.set_device(rank)
+        backend, device = "nccl", f"cuda:{rank}"
     # A collective that never completes fails after a minute instead of hanging the run.
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         x, h0, weights_o, weights_s = make_full(device, dtype)
         lo, hi = bounds[rank], bounds[rank + 1]
@@ -83,7 +89,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+DEVICES = ["cuda", "nccl"] if torch.cuda.is_available() else ["cpu"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -93,6 +99,8 @@ DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 def test_sharded_equals_whole(device, bounds):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     world = len(bounds) - 1
+    if device == "nccl" and torch.cuda.device_count() < world:
+        pytest.skip(f"{world} ranks over NCCL need {world} GPUs, this machine has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(worker, args=(world, free_port(), device, dtype, bounds, out_dir), nprocs=world,
                                      join=False, start_method="spawn")
@@ -108,7 +116,7 @@ def test_sharded_equals_whole(device, bounds):
     # two agree to the fp32 states' rounding; on the GPU the sharded kernels are held to the
     # tolerances of a single call against float64 with room for the extra bf16 roundings of the
     # transitions M (o, final state 1%, gradients 2%).
-    x, h0, weights_o, weights_s = make_full(device, dtype)
+    x, h0, weights_o, weights_s = make_full("cpu", dtype)  # the ranks' inputs, made the same way
     x = {n: t.cpu().double() for n, t in x.items()}
     o_ref, final_ref, grads_ref = loss_and_grads(x, h0.cpu(), weights_o.cpu(), weights_s.cpu(),
                                                  flashgdn.chunk_gated_delta_rule)

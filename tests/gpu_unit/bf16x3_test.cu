@@ -9,10 +9,9 @@
 
 #include <cmath>
 #include <cstdio>
-#include <random>
-#include <vector>
 
 #include "kernels/sm90/warp_mma.cuh"
+#include "gemm_fixture.h"
 #include "sm90_device.h"
 
 namespace {
@@ -63,67 +62,22 @@ __global__ void gemm_kernel(const float* a, const float* b, float* d) {
     for (int e = 0; e < 4; ++e) d[flashgdn::kern::acc_row(m0, 0, e) * N + flashgdn::kern::acc_col(0, j, e)] = acc[j][e];
 }
 
-struct Fp32Gemm {
-  float *a = nullptr, *b = nullptr, *d = nullptr;
-  std::vector<double> want = std::vector<double>(M * N, 0.0);
-  Fp32Gemm() {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal;
-    std::vector<float> a_host(M * K), b_host(K * N);
-    for (float& x : a_host) x = normal(rng);
-    for (float& x : b_host) x = normal(rng);
-    for (int m = 0; m < M; ++m)
-      for (int k = 0; k < K; ++k)
-        for (int n = 0; n < N; ++n) want[m * N + n] += double(a_host[m * K + k]) * double(b_host[k * N + n]);
-    cudaMalloc(&a, a_host.size() * sizeof(float));
-    cudaMalloc(&b, b_host.size() * sizeof(float));
-    cudaMalloc(&d, want.size() * sizeof(float));
-    cudaMemcpy(a, a_host.data(), a_host.size() * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemcpy(b, b_host.data(), b_host.size() * sizeof(float), cudaMemcpyHostToDevice);
-  }
-  ~Fp32Gemm() {
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(d);
-  }
-  Fp32Gemm(const Fp32Gemm&) = delete;
-  Fp32Gemm& operator=(const Fp32Gemm&) = delete;
-
-  // max |d - want| / max |want| after a launch (infinite on a CUDA error or a non-finite value).
-  double relative_error(const char* name) const {
-    if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-      std::printf("%-40s CUDA error: %s\n", name, cudaGetErrorString(err));
-      return INFINITY;
-    }
-    std::vector<float> got(want.size());
-    cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      max_err = std::isfinite(got[i]) ? std::fmax(max_err, std::fabs(got[i] - want[i])) : INFINITY;
-      max_ref = std::fmax(max_ref, std::fabs(want[i]));
-    }
-    return max_err / max_ref;
-  }
-};
-
 constexpr double kBound = 2e-5;
 
 template <Stored kA, Stored kB, bool kHiOnly>
-double run(const char* name, const Fp32Gemm& gemm) {
+double run(const char* name, const DeviceGemm<float>& gemm) {
   constexpr int smem = (kTileA + kTileB) * sizeof(float);
   cudaFuncSetAttribute(gemm_kernel<kA, kB, kHiOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaMemset(gemm.d, 0xff, M * N * sizeof(float));  // NaN
+  gemm.poison();
   gemm_kernel<kA, kB, kHiOnly><<<1, 256, smem>>>(gemm.a, gemm.b, gemm.d);
-  const double err = gemm.relative_error(name);
-  std::printf("%-40s max |err| / max |ref| %.3e\n", name, err);
-  return err;
+  return gemm.relative_error(name);
 }
 
 }  // namespace
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  const Fp32Gemm gemm;
+  const DeviceGemm<float> gemm(M, N, K, 7);
   bool ok = true;
   ok &= run<Stored::kRowMajor, Stored::kRowMajor, false>("bf16x3, A row-major, B row-major", gemm) <= kBound;
   ok &= run<Stored::kRowMajor, Stored::kTransposed, false>("bf16x3, A row-major, B transposed", gemm) <= kBound;

@@ -1,5 +1,6 @@
-// Shared by the GPU unit tests of the GEMM primitives (warp_mma_test, wgmma_test): random bf16
-// operands with their float64 product, device copies, and the result check.
+// Shared by the GPU unit tests of the GEMM primitives (warp_mma_test, wgmma_test, bf16x3_test):
+// random operands of element type T (bf16: normal values rounded to bf16; float: unrounded fp32)
+// with their float64 product, device copies, and the result check.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,46 +11,47 @@
 #include <random>
 #include <vector>
 
-// A [M][K] and B [K][N] (row-major, normal bf16 values) on the device, d [M][N] fp32 for the
-// result, and want = A @ B of the same bf16 values in float64.
-struct Bf16Gemm {
+// A [M][K] and B [K][N] (row-major) on the device, d [M][N] fp32 for the result, and want = A @ B
+// of the same T values in float64.
+template <typename T>
+struct DeviceGemm {
   int m, n;
-  __nv_bfloat16 *a = nullptr, *b = nullptr;
+  T *a = nullptr, *b = nullptr;
   float* d = nullptr;
   std::vector<double> want;
 
-  Bf16Gemm(int M, int N, int K, unsigned seed) : m(M), n(N), want(static_cast<size_t>(M) * N, 0.0) {
+  DeviceGemm(int M, int N, int K, unsigned seed) : m(M), n(N), want(static_cast<size_t>(M) * N, 0.0) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
-    std::vector<__nv_bfloat16> a_host(M * K), b_host(K * N);
+    std::vector<T> a_host(M * K), b_host(K * N);
     std::vector<double> a_val(M * K), b_val(K * N);
-    for (int i = 0; i < M * K; ++i) a_val[i] = __bfloat162float(a_host[i] = __float2bfloat16(normal(rng)));
-    for (int i = 0; i < K * N; ++i) b_val[i] = __bfloat162float(b_host[i] = __float2bfloat16(normal(rng)));
+    for (int i = 0; i < M * K; ++i) a_val[i] = static_cast<float>(a_host[i] = static_cast<T>(normal(rng)));
+    for (int i = 0; i < K * N; ++i) b_val[i] = static_cast<float>(b_host[i] = static_cast<T>(normal(rng)));
     for (int r = 0; r < M; ++r)
       for (int k = 0; k < K; ++k)
         for (int c = 0; c < N; ++c) want[r * N + c] += a_val[r * K + k] * b_val[k * N + c];
-    cudaMalloc(&a, a_host.size() * sizeof(__nv_bfloat16));
-    cudaMalloc(&b, b_host.size() * sizeof(__nv_bfloat16));
+    cudaMalloc(&a, a_host.size() * sizeof(T));
+    cudaMalloc(&b, b_host.size() * sizeof(T));
     cudaMalloc(&d, want.size() * sizeof(float));
-    cudaMemcpy(a, a_host.data(), a_host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
-    cudaMemcpy(b, b_host.data(), b_host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
+    cudaMemcpy(a, a_host.data(), a_host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    cudaMemcpy(b, b_host.data(), b_host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
-  ~Bf16Gemm() {
+  ~DeviceGemm() {
     cudaFree(a);
     cudaFree(b);
     cudaFree(d);
   }
-  Bf16Gemm(const Bf16Gemm&) = delete;
-  Bf16Gemm& operator=(const Bf16Gemm&) = delete;
+  DeviceGemm(const DeviceGemm&) = delete;
+  DeviceGemm& operator=(const DeviceGemm&) = delete;
 
   void poison() const { cudaMemset(d, 0xff, want.size() * sizeof(float)); }  // NaN
 
-  // After a launch into d: a CUDA error, or the largest |d - want| (infinite where d is not finite,
-  // e.g. still poisoned) against 1e-4 of the largest |want|. Prints one line.
-  bool check(const char* name) const {
+  // After a launch into d: max |d - want| / max |want|, infinite on a CUDA error or where d is not
+  // finite (e.g. still poisoned); prints one line.
+  double relative_error(const char* name) const {
     if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-      std::printf("%-32s CUDA error: %s\n", name, cudaGetErrorString(err));
-      return false;
+      std::printf("%-40s CUDA error: %s\n", name, cudaGetErrorString(err));
+      return INFINITY;
     }
     std::vector<float> got(want.size());
     cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
@@ -58,8 +60,12 @@ struct Bf16Gemm {
       max_err = std::isfinite(got[i]) ? std::fmax(max_err, std::fabs(got[i] - want[i])) : INFINITY;
       max_ref = std::fmax(max_ref, std::fabs(want[i]));
     }
-    const bool ok = max_err <= 1e-4 * max_ref;
-    std::printf("%-32s max |err| %.3e (max |ref| %.3e): %s\n", name, max_err, max_ref, ok ? "ok" : "FAIL");
-    return ok;
+    std::printf("%-40s max |err| / max |ref| %.3e\n", name, max_err / max_ref);
+    return max_err / max_ref;
   }
+
+  // The bf16 GEMM tests' check: relative error within 1e-4.
+  bool check(const char* name) const { return relative_error(name) <= 1e-4; }
 };
+
+using Bf16Gemm = DeviceGemm<__nv_bfloat16>;

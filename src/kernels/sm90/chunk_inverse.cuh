@@ -17,8 +17,8 @@
 //      with fp32 accumulation: about 2^-16 relative error per product, below the bf16 storage of
 //      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
 //      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
-// Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64]
-// (entries above the diagonal are written as zeros).
+// Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
+// 16-byte vectors (entries above the diagonal are written as zeros).
 #pragma once
 
 #include "kernels/sm90/params.h"
@@ -146,12 +146,24 @@ struct ChunkInverse {
       __syncthreads();
     }
 
-    // Output rows of valid tokens (X's blocks above the diagonal are never formed: zeros).
-    for (int e = threadIdx.x; e < where.rows * kChunk; e += kThreads) {
-      const int row = e / kChunk, col = e % kChunk;
-      const int64_t token_row = (b * p.seqlen + where.first_token + row) * p.num_v_heads + h;
-      static_cast<InverseT*>(p.inverse)[token_row * kChunk + col] =
-          static_cast<InverseT>(col / 16 <= row / 16 ? s.x[row * kPitchF + col] : 0.f);
+    // Output rows of valid tokens in 16-byte vectors (8 bf16 or 4 fp32 columns, inside one 16 x 16
+    // block: X's blocks above the diagonal are never formed and are written as zeros).
+    constexpr int kVecElems = 16 / static_cast<int>(sizeof(InverseT));
+    constexpr int kRowVecs = kChunk / kVecElems;
+    InverseT* out = static_cast<InverseT*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
+    for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
+      const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
+      const bool formed = col0 / 16 <= row / 16;
+      alignas(16) InverseT values[kVecElems];
+#pragma unroll
+      for (int i = 0; i < kVecElems; i += 4) {
+        const float4 x = formed ? *reinterpret_cast<const float4*>(&s.x[row * kPitchF + col0 + i])
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+        values[i] = static_cast<InverseT>(x.x), values[i + 1] = static_cast<InverseT>(x.y);
+        values[i + 2] = static_cast<InverseT>(x.z), values[i + 3] = static_cast<InverseT>(x.w);
+      }
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0) =
+          *reinterpret_cast<const uint4*>(values);
     }
   }
 };

@@ -19,7 +19,8 @@
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
 //                      [128,32] = [128,128] @ [128,32] on tensor cores in bf16x3 (fp32-grade
 //                      products, warp_mma.cuh) from shared memory -> segment_starts;
-//                      step j + 1's M and S* are loaded (cp.async) while step j computes
+//                      step j + 1's M and S* are loaded (cp.async) while step j computes; one
+//                      barrier per step (the running slice ping-pongs between two buffers)
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // With a window, S*_j differs from the true end state by the dropped part of the entering state,
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
@@ -115,7 +116,7 @@ constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16
 struct CorrectionStorage {
   alignas(16) float m[2][kHeadDim * kPitchM];
   alignas(16) float base[2][kHeadDim * kPitchS];
-  alignas(16) float s[kHeadDim * kPitchS];
+  alignas(16) float s[2][kHeadDim * kPitchS];  // the running slice, ping-pong: step t reads s[t ^ 1], writes s[t]
 };
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
@@ -135,19 +136,21 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
   cp_async_commit();
 }
 
-// One serial step of a correction from buffer `buf` (loaded, and visible after a barrier): next =
-// base + (apply_m ? M S : 0), with M or, with kTransposed, its transpose (read by columns), and S
-// the running [128, 32] slice in smem.s; then S := next, also written to `out` (a [128][128] fp32
-// workspace state). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16 relative per
-// product): warp w forms rows 16 w .. 16 w + 15,
+// One serial step of a correction, of parity t (buffers alternate between steps): next = base +
+// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
+// and S the running [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a
+// [128][128] fp32 workspace state). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
+// relative per product): warp w forms rows 16 w .. 16 w + 15,
 //   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
-// Every thread of the block calls it with the same apply_m (the barrier inside is block-uniform).
+// No barrier inside: the caller's one barrier per step orders step t's reads of s[t ^ 1] and of
+// buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
 template <bool kTransposed>
-__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf, bool apply_m, float* out, int col0) {
+__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   const int m0 = 16 * (threadIdx.x / 32);
+  const float* s_in = smem.s[t ^ 1];
   float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
   if (apply_m) {
-    const float* m = smem.m[buf];
+    const float* m = smem.m[t];
 #pragma unroll 2
     for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
       SplitA a;
@@ -159,7 +162,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         SplitB b;
-        load_split_b<Stored::kRowMajor>(b, smem.s + k0 * kPitchS + 8 * j, kPitchS);
+        load_split_b<Stored::kRowMajor>(b, s_in + k0 * kPitchS + 8 * j, kPitchS);
         mma_bf16x3(next[j], a, b);
       }
     }
@@ -169,17 +172,16 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int buf
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 base = *reinterpret_cast<const float2*>(&smem.base[buf][row * kPitchS + col]);
+      const float2 base = *reinterpret_cast<const float2*>(&smem.base[t][row * kPitchS + col]);
       next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
     }
-  __syncthreads();  // every warp is done reading s
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
       const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
-      *reinterpret_cast<float2*>(&smem.s[row * kPitchS + col]) = x;
+      *reinterpret_cast<float2*>(&smem.s[t][row * kPitchS + col]) = x;
       *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
     }
 }
@@ -233,16 +235,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
   };
   if (count > 1) load_step(1, 0);
   for (int64_t j = 1; j < count; ++j) {
-    const int buf = static_cast<int>((j - 1) & 1);
-    if (j + 1 < count) {
-      load_step(j + 1, buf ^ 1);  // buffer buf ^ 1 was last read by step j - 1, before its barrier
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // step j's inputs, and the previous step's s, visible to every thread
-    correction_step<false>(smem, buf, apply_m(j), segment_block(p.segment_starts, p.num_v_heads, first + j, h), col0);
-    __syncthreads();  // s written; buffer buf free for step j + 2
+    const int t = static_cast<int>((j - 1) & 1);
+    cp_async_wait<0>();  // step j's inputs (issued during step j - 1)
+    __syncthreads();     // ... visible to every thread, with step j - 1's slice; step j - 1 is done everywhere
+    if (j + 1 < count) load_step(j + 1, t ^ 1);  // buffer t ^ 1 was last read by step j - 1
+    correction_step<false>(smem, t, apply_m(j), segment_block(p.segment_starts, p.num_v_heads, first + j, h), col0);
   }
 }
 
@@ -265,7 +262,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
+  for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
   // Step j (count - 1 >= j >= 1) reads segment x = first + j: dS*_x and, without a (backward)
   // window, M_x (for the last segment only when dht flows into it).
   auto apply_m = [&](int64_t j) {
@@ -277,17 +274,12 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
   };
   if (count > 1) load_step(count - 1, 0);
   for (int64_t j = count - 1; j >= 1; --j) {
-    const int buf = static_cast<int>((count - 1 - j) & 1);
-    if (j - 1 >= 1) {
-      load_step(j - 1, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int t = static_cast<int>((count - 1 - j) & 1);  // the first step reads dht from s[1]
+    cp_async_wait<0>();
     __syncthreads();
-    correction_step<true>(smem, buf, apply_m(j), segment_block(bp.segment_grad_ends, p.num_v_heads, first + j - 1, h),
+    if (j - 1 >= 1) load_step(j - 1, t ^ 1);
+    correction_step<true>(smem, t, apply_m(j), segment_block(bp.segment_grad_ends, p.num_v_heads, first + j - 1, h),
                           col0);
-    __syncthreads();
   }
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_forward.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
+#include "kernels/sm90/fused_forward_ws.cuh"
 #include "kernels/sm90/launch.h"
 
 namespace flashgdn::kern {
@@ -28,28 +29,15 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Elem, typename InverseT, int kVSplit>
-cudaError_t launch_fused_forward_split(const ForwardParams& p, int64_t items, cudaStream_t stream) {
-  using Kernel = FusedForward<Elem, InverseT, kVSplit>;
+// One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]).
+template <typename Kernel>
+cudaError_t launch_per_item(void (*kernel)(ForwardParams), const ForwardParams& p, int64_t items, int ctas_per_head,
+                            cudaStream_t stream) {
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_forward_kernel<Elem, InverseT, kVSplit>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * kVSplit, p.cp_pass == kCpStatePass ? 2 : 1);
-  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <typename Elem, typename InverseT>
-cudaError_t launch_fused_forward_wg(const ForwardParams& p, int64_t items, cudaStream_t stream) {
-  using Kernel = FusedForwardWg<Elem, InverseT>;
-  constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_forward_wg_kernel<Elem, InverseT>;
-  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads, p.cp_pass == kCpStatePass ? 2 : 1);
+  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * ctas_per_head, p.cp_pass == kCpStatePass ? 2 : 1);
   kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -58,9 +46,15 @@ template <ElemKind E, InverseKind I>
 cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   const int64_t items = p.cp_pass == kNoCp ? p.num_seqs : p.max_segments;
   if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
-  if (p.wgmma) return launch_fused_forward_wg<ElemType<E>, InverseType<I>>(p, items, stream);
-  return p.v_split == 2 ? launch_fused_forward_split<ElemType<E>, InverseType<I>, 2>(p, items, stream)
-                        : launch_fused_forward_split<ElemType<E>, InverseType<I>, 1>(p, items, stream);
+  using Elem = ElemType<E>;
+  using InverseT = InverseType<I>;
+  if (p.warp_specialized)
+    return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, p, items, 1, stream);
+  if (p.wgmma)
+    return launch_per_item<FusedForwardWg<Elem, InverseT>>(fused_forward_wg_kernel<Elem, InverseT>, p, items, 1, stream);
+  if (p.v_split == 2)
+    return launch_per_item<FusedForward<Elem, InverseT, 2>>(fused_forward_kernel<Elem, InverseT, 2>, p, items, 2, stream);
+  return launch_per_item<FusedForward<Elem, InverseT, 1>>(fused_forward_kernel<Elem, InverseT, 1>, p, items, 1, stream);
 }
 
 }  // namespace flashgdn::kern

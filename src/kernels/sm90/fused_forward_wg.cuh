@@ -29,7 +29,8 @@
 //               g0 meanwhile: Ag [64,64] = G (.) A_r (.) 1 beta^T;  g1: QK [64,64] = Q @ K^T, P = G (.) QK
 //               W[:, n] = V[:, n] - Gamma U;  Gamma QS stays in registers         -> CTA barrier
 //   phase 2   Vd [64,64] = Ag[64,64] @ W[64,n] -> vd, rho (.) Vd -> vd_decayed     -> group barrier
-//   phase 3   O [64,64] = scale (Gamma QS + P[64,64] @ Vd[64,n]) -> o
+//   phase 3   O [64,64] = scale (Gamma QS + P[64,64] @ Vd[64,n]) -> the Vd panel (stmatrix), copied
+//             to o in 16-byte rows under chunk c+1's phase-1 wgmmas (the last chunk's after the loop)
 //             S[:, n] = e^gamma S[:, n] + K^T[128,64] @ (rho (.) Vd)[64,n];  bf16 copy -> state
 // Passes that write no o (the CP state pass, the backward's chunk-state pass) skip QS, Q K^T, P,
 // Vd's plain copy and P Vd.
@@ -154,11 +155,90 @@ struct FusedForwardWg {
     }
   }
 
+  // Columns col0 .. col0 + 63 of the state entering the item: the identity (a CP transition), zero,
+  // or the given initial state.
+  static __device__ void load_initial_state(const WorkItem& item, int col0, Acc (&state)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 64 * i + acc_row(e), col = col0 + acc_col(j, e);
+          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
+                                : item.initial.base == nullptr ? 0.f
+                                                               : item.initial.load(row, col);
+        }
+  }
+
+  // Columns col0 .. col0 + 63 of S -> a fp32 state (a checkpoint or the final state).
+  static __device__ void store_state(const StateBlock& out, int col0, const Acc (&state)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
+  }
+
+  // The checkpoint after chunk c of the item (a full chunk ending a checkpoint interval).
+  static __device__ void store_checkpoint(const ForwardParams& p, const WorkItem& item, int64_t c, int rows, int h,
+                                          int col0, const Acc (&state)[2]) {
+    if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0)
+      store_state(checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h), col0,
+                  state);
+  }
+
   // This group's columns of S (rows 64 i + acc rows) -> the bf16 copy (panel `group`).
   static __device__ void store_state_copy(SharedStorage& s, const Acc (&state)[2], int group) {
     unsigned char* panel = s.state + group * kStatePanelBytes;
 #pragma unroll
     for (int i = 0; i < 2; ++i) store_fragments(panel, 64 * i, [&](int j, int e) { return state[i][4 * j + e]; });
+  }
+
+  // Rows t0 .. t0 + rows - 1 of this group's 64 o columns, from the group's Vd panel (where phase 3
+  // left them by store_fragments) to o in 16-byte vectors (o's rows are 16-byte aligned:
+  // api/validate.cpp). Thread t of the group copies vectors t, t + 128, ... (row v / 8, columns
+  // 8 (v % 8) ..): a warp writes four whole 128-byte row segments per step.
+  static __device__ void copy_out(const ForwardParams& p, const unsigned char* panel, int64_t b, int64_t t0, int rows,
+                                  int h, int col0) {
+    Elem* o_rows = static_cast<Elem*>(p.o) + b * p.o_strides.batch + t0 * p.o_strides.token + h * p.o_strides.head + col0;
+#pragma unroll
+    for (int i = 0; i < kChunk * 8 / 128; ++i) {
+      const int v = threadIdx.x % 128 + 128 * i, row = v / 8, vec = v % 8;
+      if (row < rows)
+        *reinterpret_cast<uint4*>(o_rows + row * p.o_strides.token + vec * 8) =
+            *reinterpret_cast<const uint4*>(panel + wg::swizzled_offset(row, vec * 8));
+    }
+  }
+
+  // Phase 3's wgmmas, one commit group: S = e^gamma S + K^T @ (rho Vd) (panel i of the K tile is
+  // K^T's rows 64 i ..) and, with o, O += P @ Vd, from this group's Vd and rho Vd panels.
+  static __device__ __forceinline__ void issue_output_and_update(Acc (&state)[2], Acc& o, float gamma, bool with_o,
+                                                                 const unsigned char* p_tile,
+                                                                 const unsigned char* k_tile,
+                                                                 const unsigned char* vd_panel,
+                                                                 const unsigned char* vd_decayed_panel) {
+    const float decay = exp2_approx(gamma);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int x = 0; x < 32; ++x) state[i][x] *= decay;
+    wg::fence();
+    if (with_o) {
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(o, wg::descriptor<Major::kK>(p_tile, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(state[i],
+                                                     wg::descriptor<Major::kMN>(k_tile + i * kPanelBytes, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
+    wg::commit();
   }
 
   // Ag = G (.) A_r (.) 1 beta^T (lower triangle with diagonal, rows past the chunk zero), by the
@@ -213,17 +293,7 @@ struct FusedForwardWg {
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
 
     Acc state[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = 64 * i + acc_row(e), col = col0 + acc_col(j, e);
-          state[i][4 * j + e] = item.initial_identity       ? (row == col ? 1.f : 0.f)
-                                : item.initial.base == nullptr ? 0.f
-                                                               : item.initial.load(row, col);
-        }
+    load_initial_state(item, col0, state);
     store_state_copy(s, state, group);
 
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -266,8 +336,13 @@ struct FusedForwardWg {
                                                         wg::descriptor<Major::kMN>(state_panel, k0, kHeadDim), k0 > 0);
         }
       }
+      // Chunk c-1's o (a full chunk: only the last may be partial) leaves its tile under these
+      // wgmmas; the top barrier made the tile visible, the barrier closing phase 1 orders the copy before
+      // Vd overwrites it.
+      const unsigned char* o_tile = s.vd + group * kPanelBytes;
       if (group == 0 || !with_o) {
         wg::commit();
+        if (with_o && c > 0) copy_out(p, o_tile, b, t0 - kChunk, kChunk, h, col0);
         if (group == 0) gated_inverse(s, buf, rows);
         wg::wait<0>();
       } else {
@@ -277,6 +352,7 @@ struct FusedForwardWg {
           wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(s.q[buf], k0, kChunk),
                                                      wg::descriptor<Major::kK>(s.k[buf], k0, kChunk), k0 > 0);
         wg::commit();
+        if (c > 0) copy_out(p, o_tile, b, t0 - kChunk, kChunk, h, col0);
         wg::wait<0>();
         wg::fence_operand(qk);
         const float g_rows[2] = {gcum[acc_row(0)], gcum[acc_row(2)]};
@@ -326,68 +402,26 @@ struct FusedForwardWg {
       group_barrier(group);
 
       // Phase 3: O = Gamma QS + P @ Vd; S = e^gamma S + K^T @ (rho (.) Vd).
-      const float decay = exp2_approx(gamma);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int x = 0; x < 32; ++x) state[i][x] *= decay;
-      wg::fence();
-      if (with_o) {
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(qs, wg::descriptor<Major::kK>(s.p, k0, kChunk),
-                                                      wg::descriptor<Major::kMN>(vd_panel, k0, kChunk), true);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)  // rows 64 i ..: panel i of the K tile is K^T's rows 64 i ..
-#pragma unroll
-        for (int k0 = 0; k0 < kChunk; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(
-              state[i], wg::descriptor<Major::kMN>(s.k[buf] + i * kPanelBytes, k0, kChunk),
-              wg::descriptor<Major::kMN>(vd_decayed_panel, k0, kChunk), true);
-      wg::commit();
+      issue_output_and_update(state, qs, gamma, with_o, s.p, s.k[buf], vd_panel, vd_decayed_panel);
       wg::wait<0>();
       wg::fence_operand(state[0]);
       wg::fence_operand(state[1]);
       wg::fence_operand(qs);
-      if (with_o) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = acc_row(2 * half);
-          if (row < rows) {
-            Elem* out = static_cast<Elem*>(p.o) + b * p.o_strides.batch + (t0 + row) * p.o_strides.token +
-                        h * p.o_strides.head + col0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              store_pair(out + acc_col(j, 2 * half), p.scale * qs[4 * j + 2 * half],
-                         p.scale * qs[4 * j + 2 * half + 1]);
-          }
-        }
-      }
+      if (with_o)  // o into the Vd panel (P Vd has read it); copied out under the next chunk's wgmmas
+        store_fragments(vd_panel, 0, [&](int j, int e) { return p.scale * qs[4 * j + e]; });
       store_state_copy(s, state, group);  // this group's K S and Q S read the old copy before its barrier
-      if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0) {
-        StateBlock out = checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              out.store(64 * i + acc_row(e), col0 + acc_col(j, e), state[i][4 * j + e]);
-      }
+      store_checkpoint(p, item, c, rows, h, col0, state);
+    }
+
+    if (with_o && num_chunks > 0) {  // the last chunk's o
+      group_barrier(group);
+      const int64_t last = num_chunks - 1;
+      copy_out(p, s.vd + group * kPanelBytes, b, item.bos + last * kChunk, chunk_rows(last), h, col0);
     }
 
     // The work item and column offset again (pure): not kept in registers across the loop.
-    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr) {
-      const int final_col0 = 64 * static_cast<int>(threadIdx.x / 128);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            final.store(64 * i + acc_row(e), final_col0 + acc_col(j, e), state[i][4 * j + e]);
-    }
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      store_state(final, 64 * static_cast<int>(threadIdx.x / 128), state);
   }
 };
 

@@ -56,6 +56,7 @@ struct ForwardParams {
   int32_t v_split = 1;               // fused forward: CTAs per (sequence or segment, v-head), 1 or 2,
                                      // each with 128 / v_split value columns of the state
   bool wgmma = false;                // fused forward: the wgmma kernel (fused_forward_wg.cuh, v_split 1)
+  bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.

@@ -25,6 +25,23 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t* barrier, uint32_t 
                : "memory");
 }
 
+// The barriers of a 2-slot producer / consumer ring (one thread; a CTA barrier before any use):
+// ready[i] completes a phase when `producers` threads have arrived (slot i filled), free[i] when
+// `consumers` have (slot i read).
+__device__ __forceinline__ void init_ring(uint64_t (&ready)[2], uint64_t (&free)[2], int producers, int consumers) {
+  for (int i = 0; i < 2; ++i) {
+    barrier_init(&ready[i], producers);
+    barrier_init(&free[i], consumers);
+  }
+  fence_barrier_init();
+}
+
+// One plain arrival (release: this thread's earlier shared-memory writes are visible to a thread
+// whose wait sees the phase complete).
+__device__ __forceinline__ void arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(barrier)) : "memory");
+}
+
 // Blocks until the barrier's phase with parity `phase` has completed.
 __device__ __forceinline__ void wait(uint64_t* barrier, uint32_t phase) {
   asm volatile(

@@ -132,18 +132,26 @@ __device__ __forceinline__ void mma_64x128x16_ss(float (&d)[64], uint64_t desc_a
   mma_ss<__nv_bfloat16, 128, kMajorA, kMajorB>(d, desc_a, desc_b, accumulate);
 }
 
-// d[64] (+)= A[64,16] @ B[16,128] with A from registers (bf16x2, the mma.sync m16k16 A fragment of
-// each warp's 16-row band, warp_mma.cuh) and B from shared memory.
-template <Major kMajorB>
+// d[64] (+)= A[64,16] @ B[16,128] with A from registers (Elem x2, the mma.sync m16k16 A fragment
+// of each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16.
+template <Major kMajorB, typename Elem = __nv_bfloat16>
 __device__ __forceinline__ void mma_64x128x16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
                                                  bool accumulate) {
   constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGDN_WG_ACC64_LIST
-      ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : FLASHGDN_WG_ACC64_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
+#define FLASHGDN_WG_RS(TYPES)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                             \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " " FLASHGDN_WG_ACC64_LIST            \
+               ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                          \
+               : FLASHGDN_WG_ACC64_OPERANDS                                                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), \
+                 "n"(kTransB))
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    FLASHGDN_WG_RS("bf16.bf16");
+  } else {
+    FLASHGDN_WG_RS("f16.f16");
+  }
+#undef FLASHGDN_WG_RS
 }
 
 #undef FLASHGDN_WG_ACC4
