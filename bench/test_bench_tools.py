@@ -269,8 +269,13 @@ class Summary(unittest.TestCase):
         finally:
             os.chdir(cwd)
         text = out.getvalue()
-        self.assertIn("Record `bench/results/2026-11-29_forward_5f5b6be.csv`;", text)  # the latest full table alone
+        self.assertIn("### Forward (`fwd`): 171 rows", text)  # the latest full table alone
         self.assertIn("### Backward only (`bwd`)", text)
+
+        def records(block):  # the record line of each direction
+            return [line for line in block.splitlines() if line.startswith("Record `")]
+        readme = (HERE / "README.md").read_text()
+        self.assertEqual(records(text), records(readme), "bench/README.md is not generated from the latest records")
 
 
 class Printing(unittest.TestCase):

@@ -70,9 +70,11 @@ fi
 
 if [ "$MODE" = dist ]; then
   nvidia-smi -L
-  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
+  # the sharded runs (gloo on one GPU, NCCL one GPU per rank) and the shard phases on one GPU (test_cp)
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py tests/gpu/test_cp.py -k shard \
+    -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
   note "distributed tests rc=$?: $(tail -1 "$OUT/pytest_dist.log")"
-  grep -E "ranks on|SKIPPED|FAILED" "$OUT/pytest_dist.log" | head -12
+  grep -E "ranks on|shard maps|SKIPPED|FAILED|Error" "$OUT/pytest_dist.log" | head -30
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
   note "distributed scaling rc=$?"
   grep -E "GPU" "$OUT/scaling.log" | head -24

@@ -78,6 +78,21 @@ struct Inputs {
   float effective_scale() const;
 };
 
+// Inter-GPU context parallelism (a sequence sharded over devices, flashgdn.distributed): a shard
+// runs in two phases on one workspace. Over a shard, S_end = M S_start + E (M [K, K] the product of
+// the tokens' maps, E the end state from a zero start).
+//   kMaps:   E and M of every (sequence, v-head) into shard_maps; o, final_state, checkpoints,
+//            token_states and the pool indices absent; initial_state ignored. M is exact, or zero
+//            where the shard forgets its entering state (a segment decays below
+//            e^{decay_threshold}, as in intra-card CP). The chunk inverse and the segment states
+//            stay in the workspace.
+//   kFinish: o (and the final state) from initial_state = the true entering state, reusing what
+//            kMaps left in the workspace: no chunk inverse and no state pass again. Call it with
+//            the same inputs (initial_state aside), options and workspace as kMaps, on the same
+//            stream, the workspace untouched in between (not checked: it lives on the device).
+// Both phases always cut the shard into segments (the planner's, else one per sequence).
+enum class ShardPhase : int32_t { kNone = 0, kMaps = 1, kFinish = 2 };
+
 struct ForwardProblem {
   Inputs in;
   TensorRef o;            // output, dtype of v
@@ -98,6 +113,9 @@ struct ForwardProblem {
   // every token, fp32 [B * T, Hv, ...] (row b * T + t; the packed token t with cu_seqlens), for
   // rolling back rejected speculative tokens.
   TensorRef token_states;
+  // kMaps output, fp32 contiguous [2 N, Hv, K, K] with K == V: rows 0..N-1 hold E, rows N..2N-1 M.
+  ShardPhase shard_phase = ShardPhase::kNone;
+  TensorRef shard_maps;
 };
 
 struct BackwardProblem {

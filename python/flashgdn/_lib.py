@@ -34,7 +34,8 @@ class Inputs(ctypes.Structure):
 
 class ForwardOutputs(ctypes.Structure):
     _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor), ("checkpoints", Tensor),
-                ("checkpoint_chunks", ctypes.c_int64), ("token_states", Tensor)]
+                ("checkpoint_chunks", ctypes.c_int64), ("token_states", Tensor), ("shard_phase", ctypes.c_int32),
+                ("shard_maps", Tensor)]
 
 
 class BackwardTensors(ctypes.Structure):

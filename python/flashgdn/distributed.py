@@ -18,8 +18,16 @@ head taking the exact-transition path), and differentiable: autograd flows throu
 flashgdn calls and the all-reduces (torch.distributed.nn), so the backward runs the same exchange
 in reverse.
 
-This first version computes every M_r (no decay-window skip) and does not overlap the exchange
-with the shard's state-free work; both are planned (docs/kernel_plan.md).
+Without gradients (inference, prefill: no input requires grad, or grad mode off) a rank runs its
+shard in two phases on one workspace (flashgdn::ShardPhase): phase 1 (chunk inverse, decay
+windows, the state pass over the shard's segments, cp_shard_maps) gives E_r and M_r, M_r exact or
+zero where the shard forgets its entering state below e^{decay_threshold}; the ranks all-gather
+the maps; phase 2 (the correction from S_r and the main pass) reuses phase 1's inverse and
+segment states, so a rank does the work of one intra-card CP forward on its shard, and the final
+state comes from the maps without a second exchange. With gradients, E_r and M_r come from two
+differentiable forward calls (M_r as the end state of V = 0 from the identity) and the shard from
+a third, so that autograd can run the exchange in reverse; the two-phase backward is planned
+(docs/kernel_plan.md), as is overlapping the exchange with the shard's state-free work.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 
-from .ops import _check_inputs, chunk_gated_delta_rule as _local_rule
+from .ops import _check_inputs, chunk_gated_delta_rule as _local_rule, forward_into
 
 
 def _stack_over_ranks(x: torch.Tensor, group, rank: int, world: int) -> torch.Tensor:
@@ -82,6 +90,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if initial_state is not None and tuple(initial_state.shape) != (B, Hv, K, V):
         raise ValueError(f"initial_state: expected shape {(B, Hv, K, V)}, got {tuple(initial_state.shape)}")
 
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state))
+    if not needs_grad:
+        return _two_phase_forward(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                  use_qk_l2norm_in_kernel, group, rank, world)
+
     # This shard's affine map S_end = M S_start + E, exchanged in one all-reduce: maps[j] = (E_j, M_j).
     _, shard_end = _local_rule(q, k, v, g, beta, output_final_state=True, **options)
     identity = torch.eye(K, dtype=torch.float32, device=q.device).expand(B, Hv, K, K).contiguous()
@@ -97,3 +111,26 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return _Tie.apply(o, maps), None
     finals = _stack_over_ranks(final, group, rank, world)
     return _Tie.apply(o, maps, finals), finals[world - 1]
+
+
+@torch.no_grad()
+def _two_phase_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       group, rank: int, world: int):
+    """The sharded forward without autograd: phase 1 (maps), one all-gather, the scan, phase 2."""
+    B, Hv, K, V = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    scale = float(K ** -0.5 if scale is None else scale)
+    options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    maps = torch.empty(2 * B, Hv, K, K, dtype=torch.float32, device=q.device)
+    workspace = forward_into(None, None, q, k, v, g, beta, None, None, shard_phase=1, shard_maps=maps, **options)
+    gathered = [torch.empty_like(maps) for _ in range(world)]
+    dist.all_gather(gathered, maps, group=group)
+    state = None if initial_state is None else initial_state.float()
+    entering = state
+    for j in range(world):  # S_{j+1} = E_j + M_j S_j; rank r enters its shard with S_r
+        if j == rank:
+            entering = state
+        state = gathered[j][:B] if state is None else gathered[j][:B] + gathered[j][B:] @ state
+    o = torch.empty_like(v)
+    forward_into(o, None, q, k, v, g, beta, entering, None, shard_phase=2, workspace=workspace, **options)
+    return o, (state if output_final_state else None)
+

@@ -141,7 +141,9 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
                  context_parallel: int = 0, cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
                  v_split: int = 0, initial_state_indices: Optional[torch.Tensor] = None,
                  final_state_indices: Optional[torch.Tensor] = None, checkpoints: Optional[torch.Tensor] = None,
-                 checkpoint_chunks: int = 0, token_states: Optional[torch.Tensor] = None, kernel: int = 0) -> None:
+                 checkpoint_chunks: int = 0, token_states: Optional[torch.Tensor] = None, kernel: int = 0,
+                 shard_phase: int = 0, shard_maps: Optional[torch.Tensor] = None,
+                 workspace: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
@@ -164,7 +166,16 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
 
     token_states (decode-sized calls, at most 8 tokens per sequence on average): the state after
     every token, fp32 [B * T, Hv, K, V], row b * T + t (the packed token with cu_seqlens), so that
-    rejected speculative tokens can be rolled back."""
+    rejected speculative tokens can be rolled back.
+
+    Shard phases (a sequence sharded over devices, flashgdn.distributed; flashgdn::ShardPhase):
+    shard_phase=1 writes only shard_maps, fp32 contiguous [2 N, Hv, K, K]: the shard's end state
+    from zero (rows 0..N-1) and its transition (rows N..2N-1), with o and final_state None;
+    shard_phase=2 then writes o (and final_state) from initial_state, reusing what phase 1 left in
+    `workspace` (a uint8 device tensor of at least forward_workspace_bytes(...) bytes, the same for
+    both phases, untouched in between, same inputs and stream). workspace: optional for any call
+    (default: allocated per call). Returns the workspace used (None for the CPU reference), which
+    phase 1 hands to phase 2."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -177,9 +188,11 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     c_out.checkpoints = _tensor(checkpoints)
     c_out.checkpoint_chunks = int(checkpoint_chunks)
     c_out.token_states = _tensor(token_states)
+    c_out.shard_phase = int(shard_phase)
+    c_out.shard_maps = _tensor(shard_maps)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
-        return
+        return None
     if v_split not in (0, 1, 2):
         raise ValueError(f"v_split: must be 0 (automatic), 1 or 2, got {v_split}")
     if kernel not in (0, 1, 2, 3):
@@ -191,11 +204,16 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     nbytes = ctypes.c_size_t(0)
     _lib.check(_lib.lib.flashgdn_forward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_out),
                variant, ctypes.byref(nbytes))
-    workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+    if workspace is None:
+        workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+    elif workspace.device != q.device or workspace.dtype != torch.uint8 or not workspace.is_contiguous():
+        raise ValueError(f"workspace: expected a contiguous uint8 tensor on {q.device}, got {workspace.dtype} on "
+                         f"{workspace.device}")
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _lib.check(_lib.lib.flashgdn_forward, ctypes.byref(c_in), ctypes.byref(c_out), variant,
                ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
                ctypes.c_void_p(stream))
+    return workspace
 
 
 @chunk_gated_delta_rule_fwd.register_fake

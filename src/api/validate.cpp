@@ -339,6 +339,27 @@ Status check_pool_indices(const char* name, const TensorRef& indices, const Tens
   return check_dtype(arg, {DType::kI32});
 }
 
+// shard_phase kMaps: shard_maps is the only output, fp32 contiguous [2 N, Hv, K, K].
+Status check_shard_maps(const ForwardProblem& p, const InputArgs& a, Target target) {
+  if (p.o.present() || p.final_state.present() || p.final_state_indices.present() || p.checkpoints.present() ||
+      p.token_states.present() || p.in.initial_state_indices.present())
+    return invalid("shard_phase: 1 (maps) has shard_maps as its only output; o, final_state, final_state_indices, "
+                   "checkpoints, token_states and initial_state_indices must be absent");
+  const Shape& s = p.in.shape;
+  if (s.head_dim_k != s.head_dim_v)
+    return unsupported(cat("shard_maps: the transition M is [K, K] beside E [K, V], which needs K == V; got K=",
+                           s.head_dim_k, ", V=", s.head_dim_v));
+  const int64_t K = s.head_dim_k;
+  const Arg maps{"shard_maps", &p.shard_maps, 4, {2 * p.in.num_sequences(), s.num_v_heads, K, K}};
+  if (auto st = check_tensor(maps, true, true, target); !st.ok()) return st;
+  if (auto st = check_dtype(maps, {DType::kF32}); !st.ok()) return st;
+  const int64_t* st = p.shard_maps.strides;
+  if (st[3] != 1 || st[2] != K || st[1] != K * K || st[0] != s.num_v_heads * K * K)
+    return invalid(cat("shard_maps: must be contiguous (strides [", s.num_v_heads * K * K, ", ", K * K, ", ", K,
+                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {maps}, {});
+}
+
 Status validate_forward(const ForwardProblem& p, Target target) {
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
@@ -363,6 +384,14 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     if (auto st = check_dtype(checkpoints, {DType::kF32}); !st.ok()) return st;
     if (target == Target::kHost) return unsupported("checkpoints: not supported by the float64 reference");
   }
+  if (p.shard_phase != ShardPhase::kNone && p.shard_phase != ShardPhase::kMaps &&
+      p.shard_phase != ShardPhase::kFinish)
+    return invalid(cat("shard_phase: must be 0 (none), 1 (maps) or 2 (finish), got ",
+                       static_cast<int32_t>(p.shard_phase)));
+  if (p.shard_phase == ShardPhase::kMaps) return check_shard_maps(p, a, target);
+  if (p.shard_maps.present()) return invalid("shard_maps: an output of shard_phase 1 (maps) only");
+  if (p.shard_phase == ShardPhase::kFinish && (p.token_states.present() || p.checkpoints.present()))
+    return unsupported("shard_phase: 2 (finish) takes no token_states or checkpoints (a sharded sequence)");
   Arg token_states = like("token_states", &p.token_states, a.initial_state);
   token_states.extents[0] = p.in.shape.batch * p.in.shape.seqlen;
   if (p.token_states.present()) {

@@ -59,6 +59,8 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.checkpoints = to_ref(out->checkpoints);
   p.checkpoint_chunks = out->checkpoint_chunks;
   p.token_states = to_ref(out->token_states);
+  p.shard_phase = static_cast<ShardPhase>(out->shard_phase);
+  p.shard_maps = to_ref(out->shard_maps);
   return p;
 }
 

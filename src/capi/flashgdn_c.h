@@ -44,6 +44,8 @@ typedef struct {
   flashgdn_tensor checkpoints;         /* optional fp32 states every checkpoint_chunks chunks */
   int64_t checkpoint_chunks;
   flashgdn_tensor token_states;        /* optional fp32 state after every token (decode-sized calls) */
+  int32_t shard_phase;                 /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
+  flashgdn_tensor shard_maps;          /* phase 1 output: fp32 [2 N, Hv, K, K], E then M */
 } flashgdn_forward_outputs;
 
 typedef struct {

@@ -2,7 +2,10 @@
 // shared host-target checks (api/validate.h; every failure names the argument), then for every
 // sequence and v-head gathers the inputs (q/k of qk-head h / (Hv/Hqk), L2-normalised when asked),
 // runs the token recurrence (or, for tests, another form of forward_math.h), and scatters o and
-// the final state. Varlen padding tokens (past cu_seqlens[N]) get o = 0.
+// the final state. Varlen padding tokens (past cu_seqlens[N]) get o = 0. Shard phases: kMaps
+// writes E (the end state from zero) and M (the end state of V = 0 from the identity, exact);
+// kFinish is the plain forward (the reference keeps nothing between calls).
+#include <algorithm>
 #include <string>
 
 #include "api/validate.h"
@@ -38,6 +41,21 @@ Status forward_in_form(const ForwardProblem& problem, const ForwardFormOptions& 
   const Inputs& in = problem.in;
   const int V = in.shape.head_dim_v;
   const std::vector<SequenceSpan> spans = sequence_spans(in);
+  if (problem.shard_phase == ShardPhase::kMaps) {  // E from a zero start; M = the end state of V = 0 from I
+    const int K = in.shape.head_dim_k;
+    const auto N = static_cast<int64_t>(spans.size());
+    for (int64_t n = 0; n < N; ++n) {
+      for (int h = 0; h < in.shape.num_v_heads; ++h) {
+        HeadInputs head = gather_head(in, spans[n], n, h);
+        std::fill(head.s0.begin(), head.s0.end(), 0.0);
+        scatter_state(problem.shard_maps, StateLayout::kKV, n, h, K, V, run_form(head, options).s_final);
+        std::fill(head.v.begin(), head.v.end(), 0.0);
+        for (int i = 0; i < K; ++i) head.s0[static_cast<size_t>(i) * V + i] = 1.0;
+        scatter_state(problem.shard_maps, StateLayout::kKV, N + n, h, K, V, run_form(head, options).s_final);
+      }
+    }
+    return {};
+  }
   for (int64_t n = 0; n < static_cast<int64_t>(spans.size()); ++n) {
     for (int h = 0; h < in.shape.num_v_heads; ++h) {
       // The initial state of (n, h) is read before the final state of (n, h) is written, so

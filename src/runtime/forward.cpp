@@ -10,6 +10,8 @@
 //     [segment_offsets], cp_windows, fused_forward (state pass), cp_correction
 //   fused_forward      per (sequence or segment, v-head): o and the final state
 //   [zero_padding]     only in varlen mode: o of tokens past cu_seqlens[N]
+// Shard phases (ShardPhase, always with CP): kMaps stops after the state pass with cp_shard_maps
+// (E and M of the whole shard); kFinish starts at cp_correction, on kMaps' workspace.
 #include "runtime/forward.h"
 
 #include <algorithm>
@@ -78,6 +80,26 @@ CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   return cp;
 }
 
+CpDecision decide_shard_cp(const Inputs& in) {
+  Inputs planned = in;
+  if (planned.context_parallelism.mode == ContextParallel::kOff) planned.context_parallelism.mode = ContextParallel::kAuto;
+  CpDecision cp = decide_cp(planned);
+  if (cp.enabled) return cp;
+  const auto lengths = host_lengths(in);
+  int64_t longest = lengths ? 0 : chunks_of(in.shape.seqlen);
+  if (lengths)
+    for (int64_t length : *lengths) longest = std::max(longest, chunks_of(length));
+  cp.enabled = true;
+  cp.segment_chunks = std::max<int64_t>(1, longest);
+  cp.max_segments = 0;
+  if (lengths) {
+    for (int64_t length : *lengths) cp.max_segments += (chunks_of(length) + cp.segment_chunks - 1) / cp.segment_chunks;
+  } else {  // the bound of decide_cp
+    cp.max_segments = (in.shape.seqlen / 64 + in.num_sequences()) / cp.segment_chunks + in.num_sequences() + 1;
+  }
+  return cp;
+}
+
 std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t offset, CpRegions& regions) {
   const auto segment_heads = static_cast<std::size_t>(cp.max_segments) * in.shape.num_v_heads;
   if (in.varlen.present()) {
@@ -109,7 +131,8 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 }
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel) {
+                             void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel,
+                             CpStages stages) {
   p.warp_specialized = kernel == FusedKernel::kWarpSpecialized && chunk_states == nullptr;
   p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kWarpSpecialized && !p.warp_specialized) ||
             (kernel == FusedKernel::kAuto && forced_v_split == 0);
@@ -117,16 +140,19 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
     return p.wgmma || p.warp_specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
   if (p.cp_pass != kern::kNoCp) {
-    const bool bf16 = elem == kern::ElemKind::kBF16;
-    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
-                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.window_chunks, false, stream),
-                             "cp_windows");
-        !s.ok())
-      return s;
-    p.cp_pass = kern::kCpStatePass;
-    p.chunk_states = nullptr;
-    p.v_split = split(2 * p.max_segments);  // S* and M CTAs (gridDim.z = 2)
-    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+    if (stages != CpStages::kFinish) {
+      const bool bf16 = elem == kern::ElemKind::kBF16;
+      if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
+                                    : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.window_chunks, false, stream),
+                               "cp_windows");
+          !s.ok())
+        return s;
+      p.cp_pass = kern::kCpStatePass;
+      p.chunk_states = nullptr;
+      p.v_split = split(2 * p.max_segments);  // S* and M CTAs (gridDim.z = 2)
+      if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+      if (stages == CpStages::kMaps) return cuda_status(kern::launch_cp_shard_maps(p, stream), "cp_shard_maps");
+    }
     if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }
@@ -158,7 +184,8 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   ForwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
-  layout.decode = use_recurrent_decode(problem);
+  const bool shard = problem.shard_phase != ShardPhase::kNone;
+  layout.decode = !shard && use_recurrent_decode(problem);
   if (layout.decode) {
     layout.bytes = offset;
     return layout;
@@ -166,7 +193,7 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   layout.inverse = offset;
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
-  layout.cp = decide_cp(in);
+  layout.cp = shard ? decide_shard_cp(in) : decide_cp(in);
   if (layout.cp.enabled) offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
   if (problem.checkpoints.present() && in.varlen.present()) {
     layout.checkpoint_offsets = offset;
@@ -223,13 +250,22 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
     return problem.in.varlen.present() ? cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding")
                                        : Status{};
   }
-  if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
+  const ShardPhase phase = problem.shard_phase;
+  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
+    if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
+  }
   if (layout.cp.enabled) {
     if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
   }
-  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split, variant.kernel);
+  p.shard = phase != ShardPhase::kNone;
+  p.shard_maps = static_cast<float*>(problem.shard_maps.data);
+  const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kMaps
+                          : phase == ShardPhase::kFinish ? CpStages::kFinish
+                                                         : CpStages::kAll;
+  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split, variant.kernel, stages);
       !s.ok())
     return s;
+  if (phase == ShardPhase::kMaps) return {};
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};

@@ -27,6 +27,9 @@ struct CpDecision {
   int64_t max_segments = 0;    // exact with host lengths, else a bound
 };
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model = {});
+// The cut of the shard phases (ShardPhase), which always run segments: the planner's (also when
+// the caller turned CP off), else one segment per sequence.
+CpDecision decide_shard_cp(const Inputs& in);
 
 // CTAs per (sequence or segment, v-head) of the fused forward: 2 (half of the value columns each)
 // when even the doubled grid fits in one wave of the GPU's SMs, else 1.
@@ -49,13 +52,17 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 // wgmma kernel).
 enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3 };
 
+// Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
+// (ShardPhase::kMaps); from the correction on (ShardPhase::kFinish).
+enum class CpStages { kAll, kMaps, kFinish };
+
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
-// windows, the state pass, the correction and the main pass. Each pass's kernel and V split are
-// chosen here. chunk_states (the backward's pre-pass) is written by the pass that runs whole
-// sequences or segments from their true entering states.
+// windows, the state pass, the correction and the main pass (or the stages asked for). Each pass's
+// kernel and V split are chosen here. chunk_states (the backward's pre-pass) is written by the
+// pass that runs whole sequences or segments from their true entering states.
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0,
-                             FusedKernel kernel = FusedKernel::kAuto);
+                             FusedKernel kernel = FusedKernel::kAuto, CpStages stages = CpStages::kAll);
 
 // Short sequences (decoding, speculative verification: at most kDecodeTokensPerSequence tokens per
 // sequence on average, and none longer than kDecodeMaxTokens when the host knows the lengths; see

@@ -178,6 +178,7 @@ class ApiProblem {
     });
     return o;
   }
+  double initial_state(int64_t n, int h, int64_t i, int64_t j) const { return get_state(h0_, n, h, i, j); }
   std::vector<double> stored_final_state() const {
     std::vector<double> s;
     const HostTensor& ht = c_.in_place ? h0_ : ht_;
@@ -447,6 +448,66 @@ TEST(ReferenceForwardApi, ChunkedAndCpFormsMatchRecurrentForm) {
     ASSERT_TRUE(reference::forward_in_form(p.problem(), options).ok());
     EXPECT_LE(rel_l2(p.stored_o(), o), 1e-12);
     EXPECT_LE(rel_l2(p.stored_final_state(), state), 1e-12);
+  }
+}
+
+// ShardPhase::kMaps: E (the end state from zero) and M (the transition) of every (sequence, v-head)
+// make the affine map of the whole sequence: the final state from h0 is M h0 + E (an empty
+// sequence: E = 0, M = I); kFinish is the plain forward.
+TEST(ReferenceForwardApi, ShardMapsAreTheAffineMapOfTheSequence) {
+  const uint64_t seed = announced_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (const bool varlen : {false, true}) {
+    ApiCase c;
+    if (varlen) {
+      c.lengths = {70, 0, 1, 130};
+      c.seqlen = 201 + 5;
+    } else {
+      c.batch = 2;
+      c.seqlen = 150;
+    }
+    c.group = 2;
+    c.K = c.V = 16;
+    c.l2norm = true;
+    SCOPED_TRACE(c.text());
+    ApiProblem p(c, rng);
+    ForwardProblem finish = p.problem();
+    finish.shard_phase = ShardPhase::kFinish;
+    ASSERT_TRUE(reference::forward(finish).ok());
+    p.check(1e-6, 1e-6);
+    const std::vector<double> final_state = p.stored_final_state();
+
+    const int64_t N = c.num_seqs();
+    const int Hv = c.num_v_heads(), K = c.K;
+    HostTensor maps(DType::kF32, {2 * N, Hv, K, K}, false);
+    maps.fill_allocation(kNaN);
+    ForwardProblem m = p.problem();
+    m.o = {};
+    m.final_state = {};
+    m.shard_phase = ShardPhase::kMaps;
+    m.shard_maps = maps.ref();
+    const Status s = reference::forward(m);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::vector<double> affine;  // M h0 + E, in stored_final_state's order
+    for (int64_t n = 0; n < N; ++n)
+      for (int h = 0; h < Hv; ++h)
+        for (int i = 0; i < K; ++i)
+          for (int j = 0; j < K; ++j) {
+            double x = maps.get({n, h, i, j});
+            for (int l = 0; l < K; ++l) x += maps.get({N + n, h, i, l}) * p.initial_state(n, h, l, j);
+            affine.push_back(x);
+          }
+    ASSERT_TRUE(all_finite(affine)) << "shard_maps has unwritten elements";
+    EXPECT_LE(rel_l2(affine, final_state), 1e-6);  // the maps are stored in fp32
+    if (varlen) {  // sequence 1 is empty
+      for (int h = 0; h < Hv; ++h)
+        for (int i = 0; i < K; ++i)
+          for (int j = 0; j < K; ++j) {
+            ASSERT_EQ(maps.get({1, h, i, j}), 0.0);
+            ASSERT_EQ(maps.get({N + 1, h, i, j}), i == j ? 1.0 : 0.0);
+          }
+    }
   }
 }
 

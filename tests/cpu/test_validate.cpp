@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/validate.h"
@@ -389,6 +390,42 @@ TEST(Validate, TokenStates) {
   expect_error(validate_forward(d.fwd), StatusCode::kInvalidArgument, "token_states");
   d.fwd.token_states = far_tensor(DType::kF32, {kB * 4 - 1, kHv, kD, kD});
   expect_error(validate_forward(d.fwd), StatusCode::kInvalidArgument, "token_states");
+}
+
+TEST(Validate, ShardPhases) {
+  Fixture f;
+  f.fwd.shard_phase = ShardPhase::kFinish;  // the plain problem, as the second phase
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  f.fwd.checkpoint_chunks = 1;
+  f.fwd.checkpoints = tensor(f.arena, DType::kF32, {kB, kHv, kD, kD});
+  expect_error(validate_forward(f.fwd), StatusCode::kNotSupported, "shard_phase");
+  f.fwd.checkpoint_chunks = 0;
+  f.fwd.checkpoints = {};
+  f.fwd.shard_maps = tensor(f.arena, DType::kF32, {2 * kB, kHv, kD, kD});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");  // only phase 1 writes it
+
+  f.fwd.shard_phase = ShardPhase::kMaps;  // o and final_state still given
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_phase");
+  f.fwd.o = {};
+  f.fwd.final_state = {};
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  const TensorRef maps = f.fwd.shard_maps;
+  f.fwd.shard_maps = {};
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");
+  f.fwd.shard_maps = tensor(f.arena, DType::kF32, {kB, kHv, kD, kD});  // E only
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");
+  f.fwd.shard_maps = maps;
+  f.fwd.shard_maps.dtype = DType::kBF16;
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");
+  f.fwd.shard_maps = maps;
+  std::swap(f.fwd.shard_maps.strides[2], f.fwd.shard_maps.strides[3]);  // transposed
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");
+  f.fwd.shard_maps = maps;
+  f.fwd.shard_maps.data = f.fwd.in.v.data;  // over an input
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_maps");
+  f.fwd.shard_maps = maps;
+  f.fwd.shard_phase = static_cast<ShardPhase>(3);
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_phase");
 }
 
 TEST(Validate, ContextParallelismOptions) {

@@ -158,6 +158,74 @@ from test_backward import GRADS, check as check_grads, poisoned_grads, upstream 
 from flashgdn.ops import backward_into  # noqa: E402
 
 
+def shard_phases(x, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None):
+    """Phase 1 (maps) then phase 2 (finish, from x's initial state) on one workspace, outputs
+    NaN-filled first; returns (maps [2N, Hv, 128, 128], o, final_state)."""
+    q, v = x["q"], x["v"]
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    scale = q.shape[-1] ** -0.5
+    maps = torch.full((2 * N, v.shape[2], 128, 128), float("nan"), device=q.device)
+    options = dict(cu_seqlens_cpu=cu_seqlens_cpu, context_parallel=mode, cp_segment_chunks=segment_chunks)
+    workspace = forward_into(None, None, q, x["k"], v, x["g"], x["beta"], None, cu_seqlens, scale,
+                             shard_phase=1, shard_maps=maps, **options)
+    o = torch.full_like(v, float("nan"))
+    final = torch.full((N, v.shape[2], 128, 128), float("nan"), device=q.device)
+    forward_into(o, final, q, x["k"], v, x["g"], x["beta"], x["initial_state"], cu_seqlens, scale,
+                 shard_phase=2, workspace=workspace, **options)
+    return maps, o, final
+
+
+def shard_maps_f64(x, cu_seqlens=None):
+    """E and M of every (sequence, v-head) from the float64 reference (exact M): [2N, Hv, 128, 128]."""
+    xs = {n: x[n].double().cpu() for n in ("q", "k", "v", "g", "beta")}
+    N = x["q"].shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    maps = torch.empty(2 * N, x["v"].shape[2], 128, 128)
+    cu = None if cu_seqlens is None else cu_seqlens.cpu().long()
+    forward_into(None, None, xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], None, cu, x["q"].shape[-1] ** -0.5,
+                 shard_phase=1, shard_maps=maps)
+    return maps
+
+
+def check_shard_maps(maps, ref, N):
+    """E to the state tolerance; M against its largest possible size (the identity's norm), since
+    the kernels zero it where a segment forgets its entering state (the reference keeps ~e^-10)."""
+    assert torch.isfinite(maps).all(), "shard_maps has unwritten elements"
+    maps = maps.cpu().double()
+    err_e = rel_l2(maps[:N], ref[:N].double())
+    identity_norm = (ref[N:].shape[0] * ref.shape[1] * 128) ** 0.5
+    err_m = ((maps[N:] - ref[N:].double()).norm() / identity_norm).item()
+    print(f"shard maps: E {err_e:.2e}, M {err_m:.2e} (of the identity's norm)")
+    assert err_e <= 1e-2 and err_m <= 1e-2, f"E {err_e:.2e} M {err_m:.2e}"
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_shard_phases(seed, regime):
+    """Inter-GPU CP's two phases on one GPU: the shard's maps (E, M) against the float64 reference,
+    then the finish phase from an initial state against the oracle, with forced segments of 4
+    chunks (windows and exact transitions across 6 segments, the last partial)."""
+    x = make_inputs(2, 1500, 2, 4, regime=regime)
+    maps, o, final = shard_phases(x, ON, segment_chunks=4)
+    check_shard_maps(maps, shard_maps_f64(x), 2)
+    print(check(x, o, final))
+
+
+def test_shard_phases_one_segment_and_varlen(seed):
+    """The planner's cut (here one segment per sequence: a short call), and varlen shards with an
+    empty sequence (E = 0, M = I) and a one-token one, with and without the host lengths."""
+    x = make_inputs(1, 300, 2, 4, regime="mixed")
+    maps, o, final = shard_phases(x, AUTO)
+    check_shard_maps(maps, shard_maps_f64(x), 1)
+    check(x, o, final)
+    lengths = [0, 700, 1, 65, 1300]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths) + 9, 2, 4, regime="mixed", N=len(lengths))
+    for host in (cu.cpu(), None):
+        maps, o, final = shard_phases(x, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=host)
+        check_shard_maps(maps, shard_maps_f64(x, cu), len(lengths))
+        check(x, o, final, cu_seqlens=cu)
+        assert (maps[0] == 0).all() and torch.equal(maps[len(lengths)], torch.eye(128, device="cuda").expand(4, -1, -1))
+
+
 def run_backward(x, do, dht, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None, threshold=-10.0):
     grads = poisoned_grads(x)
     backward_into(*(grads[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, dht,

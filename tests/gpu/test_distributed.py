@@ -1,7 +1,8 @@
 """Inter-GPU context parallelism (flashgdn.distributed) with several processes: 2, 3, 4 and 8 ranks over
 gloo, each holding a contiguous shard (unequal lengths) of the same sequences, against the
 single-process call on the whole sequences through the float64 reference: o, the final state and
-every gradient (the shards' and the initial state's, summed over ranks). On the CPU (the float64
+every gradient (the shards' and the initial state's, summed over ranks); and without autograd
+("infer": the two-phase path of shard maps and finish phase) o and the final state. On the CPU (the float64
 reference, float64 inputs) the two agree to fp32 rounding (states cross ranks in fp32); on the GPU
 (all ranks on one device: the exchange logic, not the scaling) to the kernels' tolerances. g == 0
 heads and strong-decay heads side by side.
@@ -61,7 +62,7 @@ def loss_and_grads(x, h0, weights_o, weights_s, call, final_weight=1.0):
     return o.detach(), final.detach(), grads
 
 
-def worker(rank, world, port, device, dtype, bounds, out_dir):
+def worker(rank, world, port, device, dtype, bounds, out_dir, mode="train"):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     backend = "gloo"
     if device == "nccl":  # one GPU per rank
@@ -74,9 +75,15 @@ def worker(rank, world, port, device, dtype, bounds, out_dir):
         x, h0, weights_o, weights_s = make_full(device, dtype)
         lo, hi = bounds[rank], bounds[rank + 1]
         shard = {n: t[:, lo:hi].contiguous() for n, t in x.items()}
-        o, final, grads = loss_and_grads(shard, h0, weights_o[:, lo:hi], weights_s,
-                                         flashgdn.distributed.chunk_gated_delta_rule,
-                                         final_weight=1.0 if rank == world - 1 else 0.0)
+        if mode == "infer":  # no autograd: the two-phase path (shard maps, then the finish phase)
+            with torch.no_grad():
+                o, final = flashgdn.distributed.chunk_gated_delta_rule(**shard, initial_state=h0,
+                                                                       output_final_state=True)
+            grads = {}
+        else:
+            o, final, grads = loss_and_grads(shard, h0, weights_o[:, lo:hi], weights_s,
+                                             flashgdn.distributed.chunk_gated_delta_rule,
+                                             final_weight=1.0 if rank == world - 1 else 0.0)
         torch.save({"o": o.cpu(), "final": final.cpu(), "grads": {n: t.cpu() for n, t in grads.items()}},
                    os.path.join(out_dir, f"{rank}.pt"))
     finally:
@@ -92,17 +99,19 @@ def free_port():
 DEVICES = ["cuda", "nccl"] if torch.cuda.is_available() else ["cpu"]
 
 
+@pytest.mark.parametrize("mode", ["train", "infer"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bounds", [[0, 130, 300], [0, 64, 65, 300], [0, 90, 150, 151, 300],
                                     [0, 30, 60, 64, 100, 128, 200, 250, 300]],
                          ids=["2ranks", "3ranks", "4ranks", "8ranks"])
-def test_sharded_equals_whole(device, bounds):
+def test_sharded_equals_whole(device, bounds, mode):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     world = len(bounds) - 1
     if device == "nccl" and torch.cuda.device_count() < world:
         pytest.skip(f"{world} ranks over NCCL need {world} GPUs, this machine has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(worker, args=(world, free_port(), device, dtype, bounds, out_dir), nprocs=world,
+        context = mp.start_processes(worker, args=(world, free_port(), device, dtype, bounds, out_dir, mode),
+                                     nprocs=world,
                                      join=False, start_method="spawn")
         deadline = time.monotonic() + 300
         while not context.join(timeout=5):
@@ -121,11 +130,12 @@ def test_sharded_equals_whole(device, bounds):
     o_ref, final_ref, grads_ref = loss_and_grads(x, h0.cpu(), weights_o.cpu(), weights_s.cpu(),
                                                  flashgdn.chunk_gated_delta_rule)
     o = torch.cat([p["o"] for p in parts], dim=1)
-    grads = {n: torch.cat([p["grads"][n] for p in parts], dim=1) for n in NAMES}
-    grads["h0"] = sum(p["grads"]["h0"] for p in parts)
     errors = {"o": rel_l2(o, o_ref), "final": max(rel_l2(p["final"], final_ref) for p in parts)}
-    errors.update({f"d{n}": rel_l2(grads[n], grads_ref[n]) for n in grads})
-    print(f"{world} ranks on {device}:", " ".join(f"{n}={e:.1e}" for n, e in errors.items()))
+    if mode == "train":
+        grads = {n: torch.cat([p["grads"][n] for p in parts], dim=1) for n in NAMES}
+        grads["h0"] = sum(p["grads"]["h0"] for p in parts)
+        errors.update({f"d{n}": rel_l2(grads[n], grads_ref[n]) for n in grads})
+    print(f"{world} ranks on {device} ({mode}):", " ".join(f"{n}={e:.1e}" for n, e in errors.items()))
     tolerances = {n: (1e-5 if device == "cpu" else 1e-2 if n in ("o", "final") else 2e-2) for n in errors}
     over = {n: e for n, e in errors.items() if not e <= tolerances[n]}
     assert not over, f"sharded vs the whole-sequence reference over tolerance: {over}"

@@ -22,6 +22,10 @@
 //                      step j + 1's M and S* are loaded (cp.async) while step j computes; one
 //                      barrier per step (the running slice ping-pongs between two buffers)
 //   fused_forward      main pass: every segment from S_j: o and the final state
+// Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
+// segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
+// shard's E and M, grid (N, Hv, 2 roles x 4 slices)); the finish phase starts at cp_correction,
+// which then applies M_0 to h0 as well.
 // With a window, S*_j differs from the true end state by the dropped part of the entering state,
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
 #include <cuda_runtime.h>
@@ -120,12 +124,17 @@ struct CorrectionStorage {
 };
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
-// (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state) and, when apply_m, all of M.
+// (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
+// when apply_m, all of M.
 __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, int buf, const float* base,
                                                      const float* m, bool apply_m, int col0) {
   for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
     const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-    cp_async_16(&smem.base[buf][row * kPitchS + 4 * vec], base + row * kHeadDim + col0 + 4 * vec, true);
+    float* to = &smem.base[buf][row * kPitchS + 4 * vec];
+    if (base != nullptr)
+      cp_async_16(to, base + row * kHeadDim + col0 + 4 * vec, true);
+    else
+      *reinterpret_cast<float4*>(to) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   if (apply_m) {
     for (int e = threadIdx.x; e < kHeadDim * kHeadDim / 4; e += kCorrectionThreads) {
@@ -198,11 +207,11 @@ struct CorrectionSlice {
   int64_t sequence, first, count;
   int head, col0;
 };
-__device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams& p) {
+__device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams& p, int slice) {
   CorrectionSlice at;
   at.sequence = blockIdx.x;
   at.head = blockIdx.y;
-  at.col0 = kSliceCols * blockIdx.z;
+  at.col0 = kSliceCols * slice;
   at.first = first_segment(p, at.sequence);
   at.count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[at.sequence + 1] - at.first,
                  p.max_segments - at.first);
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  const auto [n, first, count, h, col0] = correction_slice(p);
+  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
@@ -225,9 +234,15 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
     for (int i = 0; i < 16; ++i)
       first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
   }
+  if (p.shard) {  // step 1 applies M_0 to h0: the running slice starts as h0 (s[1], read by step 1)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
+  }
   // Step j (1 <= j < count) reads segment prev = first + j - 1: S*_prev and, without a window
-  // (and past the first segment, whose S* already starts from h0), M_prev.
-  auto apply_m = [&](int64_t j) { return j - 1 > 0 && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0; };
+  // (and past the first segment, whose S* already starts from h0, unless p.shard), M_prev.
+  auto apply_m = [&](int64_t j) {
+    return (j - 1 > 0 || p.shard) && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0;
+  };
   auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = first + j - 1;
     load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
@@ -243,6 +258,44 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
   }
 }
 
+// (shard maps) role 0: S_0 = 0, S_{j+1} = S*_j + [no window] M_j S_j over all J segments, so S_J
+// = E; role 1: S_0 = I, S_{j+1} = [no window] M_j S_j, so S_J = M_{J-1} ... M_0 = M (zero once a
+// segment has a window: the shard forgets its entering state). Both into p.shard_maps; an empty
+// sequence's maps are S_0. Same thread layout, prefetching and barrier per step as the forward
+// correction, with the step's output written straight to the map (the last write is S_J).
+__global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const ForwardParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  constexpr int kSlices = kHeadDim / kSliceCols;
+  const int role = static_cast<int>(blockIdx.z) / kSlices;
+  const auto [n, first, count, h, col0] = correction_slice(p, static_cast<int>(blockIdx.z) % kSlices);
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  float* map = p.shard_maps + ((role * p.num_seqs + n) * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float start = role == 1 && k == col0 + c0 + i ? 1.f : 0.f;
+    smem.s[1][k * kPitchS + c0 + i] = start;  // read by step 0
+    if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
+  }
+  // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
+  // (not for role 0's first step, which multiplies zero).
+  auto apply_m = [&](int64_t j) {
+    return (role == 1 || j > 0) && p.window_chunks[(first + j) * p.num_v_heads + h] == 0;
+  };
+  auto load_step = [&](int64_t j, int buf) {
+    load_correction_step(smem, buf, role == 0 ? segment_block(p.segment_ends, p.num_v_heads, first + j, h) : nullptr,
+                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), apply_m(j), col0);
+  };
+  if (count > 0) load_step(0, 0);
+  for (int64_t j = 0; j < count; ++j) {
+    const int t = static_cast<int>(j & 1);
+    cp_async_wait<0>();  // step j's inputs
+    __syncthreads();     // ... visible everywhere, with step j - 1's slice; step j - 1 is done everywhere
+    if (j + 1 < count) load_step(j + 1, t ^ 1);
+    correction_step<false>(smem, t, apply_m(j), map, col0);
+  }
+}
+
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. Same
 // thread layout and prefetching as the forward.
@@ -250,7 +303,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const ForwardParams& p = bp.fwd;
-  const auto [n, first, count, h, col0] = correction_slice(p);
+  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
@@ -305,6 +358,17 @@ cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool lea
 }
 template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
+
+cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(cp_shard_maps_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  cp_shard_maps_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, 2 * kHeadDim / kSliceCols),
+                         kCorrectionThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;

@@ -38,6 +38,11 @@ cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool lea
 // CP: S_{j+1} = S*_j (+ M_j S_j without a window) per (sequence, v-head) into segment_starts.
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
 
+// Shard maps (p.shard, after the state pass): per (sequence, v-head) the end state from zero,
+// E = S_J of the correction chain from S_0 = 0, and the product M = M_{J-1} ... M_0 (zero when a
+// segment has a window) into p.shard_maps.
+cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream);
+
 // Backward CP: dS_j = dS*_j (+ M_j^T dS_{j+1} without a window), j = J-1 .. 1, per (sequence,
 // v-head) into segment_grad_ends[j - 1].
 cudaError_t launch_cp_grad_correction(const BackwardParams& p, cudaStream_t stream);

@@ -79,6 +79,12 @@ struct ForwardParams {
   // when transition_for_last: a final-state gradient flows back through it).
   int32_t* grad_window_chunks = nullptr;
   bool transition_for_last = false;
+  // Shard phases (inter-GPU CP, flashgdn::ShardPhase): the entering state is unknown at the state
+  // pass, so every segment is treated like a later one: S*_j of every segment (the last too) from
+  // zero, M_j of every segment without a window (the first and the last too), and the correction
+  // applies M_0 to h0. shard_maps: fp32 [2 N][hv][128][128], E then M of each whole sequence.
+  bool shard = false;
+  float* shard_maps = nullptr;
 };
 
 // Passes of the CP forward; the state pass runs S*_j with blockIdx.z == 0 and M_j with z == 1.

@@ -184,6 +184,7 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //   state pass, z = 1: only for j > 0 where a correction needs M_j (no forward window and j < last;
 //                      no backward window, j < last or transition_for_last): the whole segment with
 //                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
+//   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward window)
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
 //                      final state of the last segment -> final_state[n]
@@ -210,16 +211,21 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
   item.eos = at.eos;
   if (p.cp_pass == kCpStatePass) {
     const int32_t window = p.window_chunks[x * p.num_v_heads + h];
-    if (z == 0 && at.last()) return item;
+    if (z == 0 && at.last() && !p.shard) return item;
     if (z == 1) {  // M_j where the forward correction or the backward's reverse correction needs it
       const bool grad_exact = p.grad_window_chunks != nullptr && p.grad_window_chunks[x * p.num_v_heads + h] == 0;
-      const bool needed = (window == 0 && !at.last()) || (grad_exact && (!at.last() || p.transition_for_last));
-      if (at.index == 0 || !needed) return item;
+      const bool needed = p.shard ? window == 0
+                                  : (window == 0 && !at.last()) ||
+                                        (grad_exact && (!at.last() || p.transition_for_last));
+      if ((at.index == 0 && !p.shard) || !needed) return item;
     }
     item.valid = true;
-    item.bos = z == 0 && window != 0 ? at.eos - window * kChunk : at.bos;
+    // The window's chunks are the segment's last ones, counted on the chunk grid from its start
+    // (only a last segment, which p.shard runs, can end in a partial chunk).
+    const int64_t chunks = (at.eos - at.bos + kChunk - 1) / kChunk;
+    item.bos = z == 0 && window != 0 ? at.bos + (chunks - window) * kChunk : at.bos;
     if (z == 0) {
-      if (window == 0 && at.index == 0) item.initial = sequence_initial_state(p, n, h);
+      if (window == 0 && at.index == 0 && !p.shard) item.initial = sequence_initial_state(p, n, h);
       item.final = segment_state(p.segment_ends, p.num_v_heads, x, h);
     } else {
       item.initial_identity = true;
