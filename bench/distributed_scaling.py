@@ -1,7 +1,8 @@
 """Scaling of inter-GPU context parallelism (flashgdn.distributed) on one host: one sequence sharded
 contiguously over N GPUs (one process each, NCCL, NVLink multicast off), forward and forward +
-backward, beside the exchange alone (the all-reduce of the [N, 2, 1, Hv, 128, 128] fp32 map stack
-that the call makes).
+backward, beside the forward's exchange alone (the all-gather of every rank's [2, Hv, 128, 128] fp32
+maps that the call makes; the backward adds an all-reduce of the final state's gradient and an
+all-gather of the [Hv, 128, 128] gradients D).
 
   strong: the same T tokens on 1 and on N GPUs;  weak: T_rank tokens per GPU, N x T_rank in all.
 
@@ -90,11 +91,12 @@ def worker(rank, world, port, replays, out_path):
                     o, _ = call(**leaves, output_final_state=True)
                     o.backward(do)
 
-                stack = torch.zeros(world, 2, 1, hv, 128, 128, device=device)
+                maps = torch.zeros(2, hv, 128, 128, device=device)
+                gathered = [torch.empty_like(maps) for _ in range(world)]
                 row[6] = f"{median_ms(forward, replays):.3f}"
                 row[7] = f"{median_ms(forward_backward, replays):.3f}"
-                row[8] = f"{median_ms(lambda: dist.all_reduce(stack), replays):.3f}" if world > 1 else "0"
-                del x, leaves, do, stack
+                row[8] = f"{median_ms(lambda: dist.all_gather(gathered, maps), replays):.3f}" if world > 1 else "0"
+                del x, leaves, do, maps, gathered
             except torch.cuda.OutOfMemoryError:
                 pass
             # every rank agrees on whether the row ran (a rank out of memory would desynchronise collectives)

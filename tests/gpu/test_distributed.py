@@ -51,14 +51,16 @@ def make_full(device, dtype, B=2, T=300, Hqk=2, Hv=4, seed=0):
 
 
 def loss_and_grads(x, h0, weights_o, weights_s, call, final_weight=1.0):
-    """Leaf copies of x and h0, the call, loss = <o, w_o> + final_weight <final, w_s>, backward."""
+    """Leaf copies of x and h0 (None: no initial state), the call, loss = <o, w_o> + final_weight
+    <final, w_s>, backward."""
     leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-    h0 = h0.clone().requires_grad_(True)
+    h0 = None if h0 is None else h0.clone().requires_grad_(True)
     o, final = call(**leaves, initial_state=h0, output_final_state=True)
     loss = (o.double() * weights_o).sum() + final_weight * (final.double() * weights_s).sum()
     loss.backward()
     grads = {n: t.grad for n, t in leaves.items()}
-    grads["h0"] = h0.grad
+    if h0 is not None:
+        grads["h0"] = h0.grad
     return o.detach(), final.detach(), grads
 
 
@@ -75,6 +77,8 @@ def worker(rank, world, port, device, dtype, bounds, out_dir, mode="train"):
         x, h0, weights_o, weights_s = make_full(device, dtype)
         lo, hi = bounds[rank], bounds[rank + 1]
         shard = {n: t[:, lo:hi].contiguous() for n, t in x.items()}
+        if mode == "train_no_h0":  # no initial state: rank 0 starts from zero
+            h0 = None
         if mode == "infer":  # no autograd: the two-phase path (shard maps, then the finish phase)
             with torch.no_grad():
                 o, final = flashgdn.distributed.chunk_gated_delta_rule(**shard, initial_state=h0,
@@ -99,7 +103,7 @@ def free_port():
 DEVICES = ["cuda", "nccl"] if torch.cuda.is_available() else ["cpu"]
 
 
-@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("mode", ["train", "infer", "train_no_h0"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bounds", [[0, 130, 300], [0, 64, 65, 300], [0, 90, 150, 151, 300],
                                     [0, 30, 60, 64, 100, 128, 200, 250, 300]],
@@ -107,6 +111,8 @@ DEVICES = ["cuda", "nccl"] if torch.cuda.is_available() else ["cpu"]
 def test_sharded_equals_whole(device, bounds, mode):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     world = len(bounds) - 1
+    if mode == "train_no_h0" and world > 3:
+        pytest.skip("without an initial state: 2 and 3 ranks suffice")
     if device == "nccl" and torch.cuda.device_count() < world:
         pytest.skip(f"{world} ranks over NCCL need {world} GPUs, this machine has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as out_dir:
@@ -127,13 +133,14 @@ def test_sharded_equals_whole(device, bounds, mode):
     # transitions M (o, final state 1%, gradients 2%).
     x, h0, weights_o, weights_s = make_full("cpu", dtype)  # the ranks' inputs, made the same way
     x = {n: t.cpu().double() for n, t in x.items()}
-    o_ref, final_ref, grads_ref = loss_and_grads(x, h0.cpu(), weights_o.cpu(), weights_s.cpu(),
-                                                 flashgdn.chunk_gated_delta_rule)
+    o_ref, final_ref, grads_ref = loss_and_grads(x, None if mode == "train_no_h0" else h0.cpu(), weights_o.cpu(),
+                                                 weights_s.cpu(), flashgdn.chunk_gated_delta_rule)
     o = torch.cat([p["o"] for p in parts], dim=1)
     errors = {"o": rel_l2(o, o_ref), "final": max(rel_l2(p["final"], final_ref) for p in parts)}
-    if mode == "train":
+    if mode != "infer":
         grads = {n: torch.cat([p["grads"][n] for p in parts], dim=1) for n in NAMES}
-        grads["h0"] = sum(p["grads"]["h0"] for p in parts)
+        if mode == "train":
+            grads["h0"] = sum(p["grads"]["h0"] for p in parts)
         errors.update({f"d{n}": rel_l2(grads[n], grads_ref[n]) for n in grads})
     print(f"{world} ranks on {device} ({mode}):", " ".join(f"{n}={e:.1e}" for n, e in errors.items()))
     tolerances = {n: (1e-5 if device == "cpu" else 1e-2 if n in ("o", "final") else 2e-2) for n in errors}
