@@ -278,6 +278,26 @@ class Summary(unittest.TestCase):
         self.assertEqual(records(text), records(readme), "bench/README.md is not generated from the latest records")
 
 
+class NcuSourceTop(unittest.TestCase):
+    def test_top_lines_and_opcodes(self):
+        import ncu_source_top
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "source.csv"
+            path.write_text('==PROF== a preamble line\n'
+                            '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"\n'
+                            '"0x10","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+0x8], R2 ;","600","590"\n'
+                            '"0x20","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;","300","10"\n'
+                            '"0x30","BAR.SYNC.DEFER_BLOCKING 0x0 ;","1,00","0"\n')
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(ncu_source_top.main([str(path), "--top", "2"]), 0)
+        text = out.getvalue()
+        self.assertIn("3 SASS lines, 1000 warp-state samples", text)
+        self.assertIn(" 60.0%      0x10  SYNCS.PHASECHK", text)
+        self.assertNotIn("BAR.SYNC.DEFER_BLOCKING 0x0", text.split("per opcode:")[0])  # not in the top 2
+        self.assertIn(" 10.0%  BAR.SYNC.DEFER_BLOCKING", text)
+
+
 class Printing(unittest.TestCase):
     def test_row_and_header(self):
         text = report.table_row(sample_row())

@@ -15,7 +15,8 @@
 #   first pytest run bounded by 120 s, default "tests/gpu/test_forward.py -k kernels"; empty: none;
 #   a hang there stops the call), BENCH_TIMEOUT (seconds per benchmark), PROFILE=1 (ncu on the fused forward) or
 #   PROFILE="regex config...;..." (ncu --set full on the first kernel matching regex in
-#   bench/profile_forward.py config, e.g. "chunk_inverse 4x8192 16 32;fused_forward_ws 4x8192 16 32 ws"),
+#   bench/profile_forward.py config, e.g. "chunk_inverse 4x8192 16 32;fused_forward_ws 4x8192 16 32 ws";
+#   prints the details and the SASS lines where the warps stall most, bench/ncu_source_top.py),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
@@ -172,9 +173,13 @@ if [ -n "${PROFILE:-}" ]; then  # ncu --set full on one kernel per entry of PROF
       python3 bench/profile_forward.py $config >"$OUT/ncu_$name.log" 2>&1
     note "ncu $regex ($config) rc=$?"
     ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/ncu_$name.txt" 2>&1
-    grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
-      "$OUT/ncu_$name.txt" | head -16
-    rm -f "$OUT/$name.ncu-rep"
+    grep -E "Duration|SM Frequency|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
+      "$OUT/ncu_$name.txt" | head -18
+    # where the warps wait, per SASS instruction (the source page's warp-state samples)
+    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${name}_source.csv" 2>&1
+    python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 >"$OUT/ncu_${name}_stalls.txt" 2>&1
+    head -40 "$OUT/ncu_${name}_stalls.txt"
+    rm -f "$OUT/$name.ncu-rep" "$OUT/ncu_${name}_source.csv"
   done
 fi
 
