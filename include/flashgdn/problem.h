@@ -126,6 +126,14 @@ struct BackwardProblem {
   TensorRef dg;               // output, fp32: gradient w.r.t. the raw per-token gate g
   TensorRef dbeta;            // output, dtype of beta
   TensorRef d_initial_state;  // output, fp32; required exactly when in.initial_state is present
+  // Inter-GPU CP (ShardPhase), in reverse: kMaps writes only shard_grad, fp32 contiguous
+  // [N, Hv, K, V]: D, the gradient that d_o alone sends into each sequence's entering state
+  // (d_final_state, the gradients and initial_state absent); kFinish is the backward from
+  // initial_state (the true entering state) and d_final_state (the true gradient leaving the shard),
+  // reusing kMaps' workspace (its chunk inverse, segment states, transitions and dS* pass): same
+  // inputs and options, same workspace, untouched in between, same stream.
+  ShardPhase shard_phase = ShardPhase::kNone;
+  TensorRef shard_grad;
 };
 
 }  // namespace flashgdn

@@ -23,11 +23,12 @@ Backward (autograd, _ShardedRule): the gradient leaving shard r is the reverse s
     dS_out_{R-1} = dht (summed over ranks),   dS_out_{j-1} = M_j^T dS_out_j + D_j,
 
 D_j = the gradient reaching shard j's entering state from its own o alone (the backward with
-dht = 0). Each rank but the first computes D_r by one backward call, the ranks all-gather the
-D's, and each rank runs the backward of its shard from S_r with dht = dS_out_r: its input
-gradients (and, on rank 0, the initial state's). Two backward calls per rank; the phased backward
-that shares the two is planned (docs/kernel_plan.md), as is overlapping the exchanges with the
-shard's state-free work.
+dht = 0, which does not depend on the states). Also in two phases on one workspace: phase 1
+(chunk inverse, windows, the forward state pass, the dS* pass over the shard's segments,
+cp_grad_shard_maps) gives D_r; the ranks all-gather the D's; phase 2 (the forward correction
+from S_r, the pass that saves the chunk states, the reverse correction from dS_out_r, the fused
+backward) gives the shard's input gradients (and, on rank 0, the initial state's). Overlapping
+the exchanges with the shard's state-free work is planned.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .ops import _check_inputs, chunk_gated_delta_rule as _local_rule, chunk_gated_delta_rule_bwd, forward_into
+from .ops import _check_inputs, _grad_outputs, backward_into, chunk_gated_delta_rule as _local_rule, forward_into
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -128,21 +129,22 @@ class _ShardedRule(torch.autograd.Function):
         # Every rank returned the same final state: its gradient is the sum of the ranks' gradients.
         dht = torch.zeros(B, Hv, K, V, dtype=torch.float32, device=q.device) if dfinal is None else dfinal.float().clone()
         dist.all_reduce(dht, group=group)
-        if entering is None:  # rank 0 without an initial state (or a zero one): the shard starts at zero
+        if entering is None:  # rank 0 without an initial state: the shard starts at zero
             entering = torch.zeros(B, Hv, K, V, dtype=torch.float32, device=q.device)
-
-        def shard_backward(d_final):
-            return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, d_final, entering, None, scale, l2norm, False)
-
-        # D_r: the gradient reaching this shard's entering state from its own o (rank 0's is not needed)
-        own = shard_backward(None)[5] if rank > 0 else torch.zeros_like(dht)
+        # Phase 1: D_r, the gradient reaching this shard's entering state from its own o
+        own = torch.empty(B, Hv, K, V, dtype=torch.float32, device=q.device)
+        workspace = backward_into(None, None, None, None, None, None, q, k, v, g, beta, do, None, None, None, scale,
+                                  l2norm, shard_phase=1, shard_grad=own)
         reaching = torch.empty(world, B, Hv, K, V, dtype=torch.float32, device=q.device)
-        dist.all_gather(list(reaching.unbind(0)), own.float().contiguous(), group=group)
+        dist.all_gather(list(reaching.unbind(0)), own, group=group)
         d_out = dht  # dS_out_{j-1} = M_j^T dS_out_j + D_j, from the last shard back to this one
         for j in range(world - 1, rank, -1):
             d_out = transitions[j].transpose(-1, -2) @ d_out + reaching[j]
-        dq, dk, dv, dg, dbeta, dh0 = shard_backward(d_out)
-        d_initial = dh0 if ctx.has_initial_state and rank == 0 else None
-        if ctx.has_initial_state and rank > 0:
-            d_initial = torch.zeros_like(dh0)
+        # Phase 2: the shard's backward from S_r and dS_out_r
+        dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, entering)
+        backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, d_out.contiguous(), entering, None, scale,
+                      l2norm, shard_phase=2, workspace=workspace)
+        d_initial = None
+        if ctx.has_initial_state:
+            d_initial = dh0 if rank == 0 else torch.zeros_like(dh0)
         return dq, dk, dv, dg, dbeta, d_initial, None, None, None

@@ -110,6 +110,16 @@ def _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in
     return c
 
 
+def _workspace(workspace: Optional[torch.Tensor], nbytes: int, device: torch.device) -> torch.Tensor:
+    """The caller's workspace (checked; the C++ call checks its size) or a new one of nbytes."""
+    if workspace is None:
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    if workspace.device != device or workspace.dtype != torch.uint8 or not workspace.is_contiguous():
+        raise ValueError(f"workspace: expected a contiguous uint8 tensor on {device}, got {workspace.dtype} on "
+                         f"{workspace.device}")
+    return workspace
+
+
 def _state_shape(N, Hv, K, V, state_v_first):
     return (N, Hv, V, K) if state_v_first else (N, Hv, K, V)
 
@@ -204,11 +214,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     nbytes = ctypes.c_size_t(0)
     _lib.check(_lib.lib.flashgdn_forward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_out),
                variant, ctypes.byref(nbytes))
-    if workspace is None:
-        workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
-    elif workspace.device != q.device or workspace.dtype != torch.uint8 or not workspace.is_contiguous():
-        raise ValueError(f"workspace: expected a contiguous uint8 tensor on {q.device}, got {workspace.dtype} on "
-                         f"{workspace.device}")
+    workspace = _workspace(workspace, nbytes.value, q.device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _lib.check(_lib.lib.flashgdn_forward, ctypes.byref(c_in), ctypes.byref(c_out), variant,
                ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
@@ -268,28 +274,38 @@ def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm
 def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial_state, cu_seqlens,
                   scale: float, use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False,
                   cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
-                  cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0) -> None:
+                  cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0, shard_phase: int = 0,
+                  shard_grad: Optional[torch.Tensor] = None,
+                  workspace: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
-    context_parallel etc. as for forward_into (the backward's own intra-card CP)."""
+    context_parallel etc. as for forward_into (the backward's own intra-card CP).
+
+    Shard phases (flashgdn.distributed; flashgdn::BackwardProblem): shard_phase=1 writes only
+    shard_grad, fp32 contiguous [N, Hv, K, V], the gradient that do alone sends into each
+    sequence's entering state (dht, the gradients and initial_state None); shard_phase=2 is the
+    backward from initial_state and dht on phase 1's workspace (same inputs, do and stream). Returns
+    the workspace used (None for the CPU reference)."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
                    cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
     c_grads = _lib.BackwardTensors()
     for name, t in (("d_o", do), ("d_final_state", dht), ("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg),
-                    ("dbeta", dbeta), ("d_initial_state", dh0)):
+                    ("dbeta", dbeta), ("d_initial_state", dh0), ("shard_grad", shard_grad)):
         setattr(c_grads, name, _tensor(t))
+    c_grads.shard_phase = int(shard_phase)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_backward, ctypes.byref(c_in), ctypes.byref(c_grads))
-        return
+        return None
     nbytes = ctypes.c_size_t(0)
     _lib.check(_lib.lib.flashgdn_backward_workspace_size, ctypes.byref(c_in), ctypes.byref(c_grads),
                ctypes.byref(nbytes))
-    workspace = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+    workspace = _workspace(workspace, nbytes.value, q.device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _lib.check(_lib.lib.flashgdn_backward, ctypes.byref(c_in), ctypes.byref(c_grads),
                ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(workspace.numel()),
                ctypes.c_void_p(stream))
+    return workspace
 
 
 def _unit_inner(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -339,24 +339,38 @@ Status check_pool_indices(const char* name, const TensorRef& indices, const Tens
   return check_dtype(arg, {DType::kI32});
 }
 
-// shard_phase kMaps: shard_maps is the only output, fp32 contiguous [2 N, Hv, K, K].
+// A shard state output (shard_maps, shard_grad): fp32, contiguous [rows, Hv, K, K] (K == V).
+Status check_shard_states(const char* name, const TensorRef& ref, int64_t rows, const Shape& s, Target target) {
+  if (s.head_dim_k != s.head_dim_v)
+    return unsupported(cat(name, ": a shard's transition M is [K, K] beside its states [K, V], which needs K == V; "
+                           "got K=", s.head_dim_k, ", V=", s.head_dim_v));
+  const int64_t K = s.head_dim_k;
+  const Arg arg{name, &ref, 4, {rows, s.num_v_heads, K, K}};
+  if (auto st = check_tensor(arg, true, true, target); !st.ok()) return st;
+  if (auto st = check_dtype(arg, {DType::kF32}); !st.ok()) return st;
+  const int64_t* st = ref.strides;
+  if (st[3] != 1 || st[2] != K || st[1] != K * K || st[0] != s.num_v_heads * K * K)
+    return invalid(cat(name, ": must be contiguous (strides [", s.num_v_heads * K * K, ", ", K * K, ", ", K,
+                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
+  return {};
+}
+
+Status check_shard_phase(ShardPhase phase) {
+  if (phase != ShardPhase::kNone && phase != ShardPhase::kMaps && phase != ShardPhase::kFinish)
+    return invalid(cat("shard_phase: must be 0 (none), 1 (maps) or 2 (finish), got ", static_cast<int32_t>(phase)));
+  return {};
+}
+
+// Forward shard_phase kMaps: shard_maps is the only output, fp32 contiguous [2 N, Hv, K, K].
 Status check_shard_maps(const ForwardProblem& p, const InputArgs& a, Target target) {
   if (p.o.present() || p.final_state.present() || p.final_state_indices.present() || p.checkpoints.present() ||
       p.token_states.present() || p.in.initial_state_indices.present())
     return invalid("shard_phase: 1 (maps) has shard_maps as its only output; o, final_state, final_state_indices, "
                    "checkpoints, token_states and initial_state_indices must be absent");
   const Shape& s = p.in.shape;
-  if (s.head_dim_k != s.head_dim_v)
-    return unsupported(cat("shard_maps: the transition M is [K, K] beside E [K, V], which needs K == V; got K=",
-                           s.head_dim_k, ", V=", s.head_dim_v));
-  const int64_t K = s.head_dim_k;
-  const Arg maps{"shard_maps", &p.shard_maps, 4, {2 * p.in.num_sequences(), s.num_v_heads, K, K}};
-  if (auto st = check_tensor(maps, true, true, target); !st.ok()) return st;
-  if (auto st = check_dtype(maps, {DType::kF32}); !st.ok()) return st;
-  const int64_t* st = p.shard_maps.strides;
-  if (st[3] != 1 || st[2] != K || st[1] != K * K || st[0] != s.num_v_heads * K * K)
-    return invalid(cat("shard_maps: must be contiguous (strides [", s.num_v_heads * K * K, ", ", K * K, ", ", K,
-                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
+  const int64_t rows = 2 * p.in.num_sequences();
+  if (auto st = check_shard_states("shard_maps", p.shard_maps, rows, s, target); !st.ok()) return st;
+  const Arg maps{"shard_maps", &p.shard_maps, 4, {rows, s.num_v_heads, s.head_dim_k, s.head_dim_k}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {maps}, {});
 }
 
@@ -384,10 +398,7 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     if (auto st = check_dtype(checkpoints, {DType::kF32}); !st.ok()) return st;
     if (target == Target::kHost) return unsupported("checkpoints: not supported by the float64 reference");
   }
-  if (p.shard_phase != ShardPhase::kNone && p.shard_phase != ShardPhase::kMaps &&
-      p.shard_phase != ShardPhase::kFinish)
-    return invalid(cat("shard_phase: must be 0 (none), 1 (maps) or 2 (finish), got ",
-                       static_cast<int32_t>(p.shard_phase)));
+  if (auto s = check_shard_phase(p.shard_phase); !s.ok()) return s;
   if (p.shard_phase == ShardPhase::kMaps) return check_shard_maps(p, a, target);
   if (p.shard_maps.present()) return invalid("shard_maps: an output of shard_phase 1 (maps) only");
   if (p.shard_phase == ShardPhase::kFinish && (p.token_states.present() || p.checkpoints.present()))
@@ -423,6 +434,22 @@ Status validate_forward(const ForwardProblem& p, Target target) {
                         {o, final_state, checkpoints, token_states}, {a.initial_state.name, final_state.name});
 }
 
+// Backward shard_phase kMaps: d_o in, shard_grad out, nothing else.
+Status check_shard_grad(const BackwardProblem& p, const InputArgs& a, Target target) {
+  if (p.d_final_state.present() || p.dq.present() || p.dk.present() || p.dv.present() || p.dg.present() ||
+      p.dbeta.present() || p.d_initial_state.present() || p.in.initial_state.present())
+    return invalid("shard_phase: 1 (maps) of the backward reads d_o and writes only shard_grad; dht, dq, dk, dv, "
+                   "dg, dbeta, dh0 and initial_state must be absent");
+  const Arg d_o = like("do", &p.d_o, a.v);
+  if (auto s = check_tensor(d_o, true, false, target); !s.ok()) return s;
+  if (auto s = check_same_dtype(d_o, a.v); !s.ok()) return s;
+  if (auto s = check_shard_states("shard_grad", p.shard_grad, p.in.num_sequences(), p.in.shape, target); !s.ok())
+    return s;
+  const Arg grad{"shard_grad", &p.shard_grad, 4,
+                 {p.in.num_sequences(), p.in.shape.num_v_heads, p.in.shape.head_dim_k, p.in.shape.head_dim_k}};
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, d_o}, {grad}, {});
+}
+
 Status validate_backward(const BackwardProblem& p, Target target) {
   if (p.in.initial_state_indices.present())
     return unsupported("initial_state_indices: state pools are forward-only (serving); pass the states");
@@ -430,6 +457,9 @@ Status validate_backward(const BackwardProblem& p, Target target) {
     return unsupported("initial_state: the backward takes fp32 states (bf16 state storage is forward-only)");
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
+  if (auto s = check_shard_phase(p.shard_phase); !s.ok()) return s;
+  if (p.shard_phase == ShardPhase::kMaps) return check_shard_grad(p, a, target);
+  if (p.shard_grad.present()) return invalid("shard_grad: an output of shard_phase 1 (maps) only");
   const Arg d_o = like("do", &p.d_o, a.v);
   const Arg d_final_state = like("dht", &p.d_final_state, a.initial_state);
   const Arg dq = like("dq", &p.dq, a.q);

@@ -75,6 +75,8 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.dg = to_ref(g->dg);
   p.dbeta = to_ref(g->dbeta);
   p.d_initial_state = to_ref(g->d_initial_state);
+  p.shard_phase = static_cast<ShardPhase>(g->shard_phase);
+  p.shard_grad = to_ref(g->shard_grad);
   return p;
 }
 

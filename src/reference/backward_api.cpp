@@ -6,6 +6,8 @@
 // use_qk_l2norm_in_kernel, apply the L2-norm backward
 //     dx = (dx̂ − x̂ (x̂·dx̂)) / sqrt(Σx² + 1e-6)
 // to the group sums and write dq/dk. In varlen mode, tokens past cu_seqlens[N] get zero gradients.
+// Shard phases: kMaps writes D (dS_0 with dht = 0) per (sequence, v-head); kFinish is the plain
+// backward (the reference keeps nothing between calls).
 #include <cstdint>
 #include <vector>
 
@@ -47,6 +49,16 @@ Status backward(const BackwardProblem& p) {
   const bool has_dht = p.d_final_state.present();
 
   const std::vector<SequenceSpan> spans = sequence_spans(in);
+  if (p.shard_phase == ShardPhase::kMaps) {  // D = dS_0 with dht = 0 (the dS recurrence does not read S)
+    for (size_t n = 0; n < spans.size(); ++n)
+      for (int hv = 0; hv < Hv; ++hv) {
+        const HeadInputs head = gather_head(in, spans[n], static_cast<int64_t>(n), hv);
+        const std::vector<double> d_o = gather_rows(p.d_o, spans[n], hv, V);
+        scatter_state(p.shard_grad, StateLayout::kKV, static_cast<int64_t>(n), hv, K, V,
+                      bwd::backward_tokens(head, d_o, {}).ds0);
+      }
+    return Status::ok_status();
+  }
   for (size_t n = 0; n < spans.size(); ++n) {
     const SequenceSpan& span = spans[n];
     const int64_t T = span.eos - span.bos;

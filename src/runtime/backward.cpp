@@ -14,6 +14,10 @@
 //   [qk_grads]         dq, dk: group sums over v-heads, L2-norm backward, cast (skipped when
 //                      Hv == Hqk without the L2 norm: the fused kernel then writes dq, dk)
 //   [zero_grad_padding]  only in varlen mode: dv, dg, dbeta of tokens past cu_seqlens[N]
+// Shard phases (ShardPhase, always with CP): kMaps = chunk_inverse, the windows, the forward state
+// pass, the dS* pass (the first segment's too) and cp_grad_shard_maps (D); kFinish = the forward
+// correction from initial_state, the pass writing chunk_states, cp_grad_correction from
+// d_final_state and the rest, on kMaps' workspace.
 //
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; chunk_states [chunks, Hv, 128, 128]
 // in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
@@ -59,7 +63,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
     offset = align_up(offset + tokens_heads * 128 * sizeof(float));
   }
   // The backward plans its own cut with the backward's cost model (it need not match the forward's).
-  layout.cp = decide_cp(in, plan::CostModel::backward());
+  layout.cp = problem.shard_phase != ShardPhase::kNone ? decide_shard_cp(in, plan::CostModel::backward())
+                                                       : decide_cp(in, plan::CostModel::backward());
   if (layout.cp.enabled) {
     offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
     const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
@@ -100,18 +105,31 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   p.inverse = ws + layout.inverse;
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;
-  if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+  const ShardPhase phase = problem.shard_phase;
+  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
+    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+  }
   if (layout.cp.enabled) {  // leading windows first: the pre-pass forms M_j where they are missing
     if (auto s = bind_cp(p, in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
     p.grad_window_chunks = reinterpret_cast<int32_t*>(ws + layout.grad_window_chunks);
+    p.shard = phase != ShardPhase::kNone;
     p.transition_for_last = problem.d_final_state.present();
-    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.grad_window_chunks, true, stream)
-                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.grad_window_chunks, true, stream),
-                             "cp_windows (backward)");
-        !s.ok())
-      return s;
+    if (phase != ShardPhase::kFinish) {
+      if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.grad_window_chunks, true, stream)
+                                    : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.grad_window_chunks, true, stream),
+                               "cp_windows (backward)");
+          !s.ok())
+        return s;
+    }
   }
-  if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kF32, ws + layout.chunk_states, stream); !s.ok())
+  // kMaps: the state pass only (S*_j from zero and M_j, for kFinish's correction and the chain of
+  // D); kFinish: the correction from the true entering state and the pass writing chunk_states.
+  const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
+                          : phase == ShardPhase::kFinish ? CpStages::kFinish
+                                                         : CpStages::kAll;
+  if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kF32, ws + layout.chunk_states, stream, 0,
+                                     FusedKernel::kAuto, stages);
+      !s.ok())
     return s;
 
   bp.d_o = problem.d_o.data;
@@ -143,15 +161,21 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   bp.q_raw_strides = row_strides(in.q);
   bp.k_raw_strides = row_strides(in.k);
 
-  if (layout.cp.enabled) {  // dS* of every segment but the first, then the reverse correction
+  if (layout.cp.enabled) {  // dS* of every segment but the first (all with shards), then the reverse correction
     bp.segment_grad_starts = reinterpret_cast<float*>(ws + layout.segment_grad_starts);
     bp.segment_grad_ends = reinterpret_cast<float*>(ws + layout.segment_grad_ends);
     p.cp_pass = kern::kCpStatePass;
-    if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
-                                  : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
-                             "fused_backward (dS* pass)");
-        !s.ok())
-      return s;
+    if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' dS*
+      if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
+                                    : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
+                               "fused_backward (dS* pass)");
+          !s.ok())
+        return s;
+    }
+    if (phase == ShardPhase::kMaps) {
+      bp.shard_grad = static_cast<float*>(problem.shard_grad.data);
+      return cuda_status(kern::launch_cp_grad_shard_maps(bp, stream), "cp_grad_shard_maps");
+    }
     if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, stream), "cp_grad_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }

@@ -80,10 +80,10 @@ CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   return cp;
 }
 
-CpDecision decide_shard_cp(const Inputs& in) {
+CpDecision decide_shard_cp(const Inputs& in, const plan::CostModel& model) {
   Inputs planned = in;
   if (planned.context_parallelism.mode == ContextParallel::kOff) planned.context_parallelism.mode = ContextParallel::kAuto;
-  CpDecision cp = decide_cp(planned);
+  CpDecision cp = decide_cp(planned, model);
   if (cp.enabled) return cp;
   const auto lengths = host_lengths(in);
   int64_t longest = lengths ? 0 : chunks_of(in.shape.seqlen);
@@ -152,6 +152,7 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
       p.v_split = split(2 * p.max_segments);  // S* and M CTAs (gridDim.z = 2)
       if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
       if (stages == CpStages::kMaps) return cuda_status(kern::launch_cp_shard_maps(p, stream), "cp_shard_maps");
+      if (stages == CpStages::kStatePass) return {};
     }
     if (auto s = cuda_status(kern::launch_cp_correction(p, stream), "cp_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;

@@ -29,7 +29,7 @@ struct CpDecision {
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model = {});
 // The cut of the shard phases (ShardPhase), which always run segments: the planner's (also when
 // the caller turned CP off), else one segment per sequence.
-CpDecision decide_shard_cp(const Inputs& in);
+CpDecision decide_shard_cp(const Inputs& in, const plan::CostModel& model = {});
 
 // CTAs per (sequence or segment, v-head) of the fused forward: 2 (half of the value columns each)
 // when even the doubled grid fits in one wave of the GPU's SMs, else 1.
@@ -53,8 +53,9 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3 };
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
-// (ShardPhase::kMaps); from the correction on (ShardPhase::kFinish).
-enum class CpStages { kAll, kMaps, kFinish };
+// (ShardPhase::kMaps); up to the state pass (the backward's kMaps); from the correction on
+// (ShardPhase::kFinish).
+enum class CpStages { kAll, kMaps, kStatePass, kFinish };
 
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
 // windows, the state pass, the correction and the main pass (or the stages asked for). Each pass's

@@ -721,6 +721,55 @@ TEST(ReferenceBackward, PublicEmptySequencePassesStateGradient) {
     for (int64_t j = 0; j < c.V; ++j) EXPECT_EQ(a.dh0.get({0, 0, i, j}), a.dht.get({0, 0, i, j}));
 }
 
+// Shard phases in reverse: the backward's kMaps gives D (the gradient d_o alone sends into the
+// entering state), the forward's kMaps gives M, and the full backward's dh0 is D + M^T dht (an
+// empty sequence: D = 0, dh0 = dht). kFinish is the plain backward.
+TEST(ReferenceBackward, ShardGradIsTheAffineMapInReverse) {
+  Rng rng(announce_seed("ReferenceBackward.ShardGradIsTheAffineMapInReverse"));
+  ApiConfig c;
+  c.cu = {0, 70, 70, 71, 135};
+  c.seqlen = 140;
+  c.Hqk = 1;
+  c.Hv = 2;
+  c.l2norm = true;
+  ApiCase a = make_api_case(rng, c);
+  const int64_t N = 4;
+  BackwardProblem full = a.problem();
+  full.shard_phase = ShardPhase::kFinish;
+  Status st = reference::backward(full);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  HostTensor grad(DType::kF32, 4, {N, c.Hv, c.K, c.K});
+  BackwardProblem maps_bwd;
+  maps_bwd.in = a.inputs();
+  maps_bwd.in.initial_state = {};
+  maps_bwd.d_o = a.d_o.ref();
+  maps_bwd.shard_phase = ShardPhase::kMaps;
+  maps_bwd.shard_grad = grad.ref();
+  st = reference::backward(maps_bwd);
+  ASSERT_TRUE(st.ok()) << st.message();
+  HostTensor maps(DType::kF32, 4, {2 * N, c.Hv, c.K, c.K});
+  ForwardProblem maps_fwd;
+  maps_fwd.in = maps_bwd.in;
+  maps_fwd.shard_phase = ShardPhase::kMaps;
+  maps_fwd.shard_maps = maps.ref();
+  st = reference::forward(maps_fwd);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  std::vector<double> affine, dh0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int h = 0; h < c.Hv; ++h)
+      for (int64_t i = 0; i < c.K; ++i)
+        for (int64_t j = 0; j < c.V; ++j) {
+          double x = grad.get({n, h, i, j});
+          for (int64_t l = 0; l < c.K; ++l) x += maps.get({N + n, h, l, i}) * a.dht.get({n, h, l, j});
+          affine.push_back(x);
+          dh0.push_back(a.dh0.get({n, h, i, j}));
+          if (n == 1) ASSERT_EQ(grad.get({n, h, i, j}), 0.0);  // the empty sequence
+        }
+  EXPECT_LE(rel_l2(affine, dh0), 1e-6);  // D and M are stored in fp32
+}
+
 // Reference forward (another implementation) and the backward's own forward agree.
 TEST(ReferenceBackward, OwnForwardMatchesPublicForward) {
   Rng rng(announce_seed("ReferenceBackward.OwnForwardMatchesPublicForward"));

@@ -426,6 +426,21 @@ TEST(Validate, ShardPhases) {
   f.fwd.shard_maps = maps;
   f.fwd.shard_phase = static_cast<ShardPhase>(3);
   expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "shard_phase");
+
+  // The backward's phase 1 reads d_o and writes only shard_grad [N, Hv, K, V].
+  BackwardProblem& b = f.bwd;
+  b.shard_grad = tensor(f.arena, DType::kF32, {kB, kHv, kD, kD});
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "shard_grad");  // not phase 1
+  b.shard_phase = ShardPhase::kMaps;
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "shard_phase");  // gradients given
+  b.d_final_state = b.dq = b.dk = b.dv = b.dg = b.dbeta = b.d_initial_state = b.in.initial_state = {};
+  EXPECT_TRUE(validate_backward(b).ok()) << validate_backward(b).message();
+  const TensorRef grad = b.shard_grad;
+  b.shard_grad = tensor(f.arena, DType::kF32, {2 * kB, kHv, kD, kD});
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "shard_grad");
+  b.shard_grad = grad;
+  b.d_o = {};
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "do");
 }
 
 TEST(Validate, ContextParallelismOptions) {

@@ -247,6 +247,55 @@ def assert_close_to_no_cp(grads, ref):
     assert not over, f"CP vs no CP over tolerance: {over}"
 
 
+def backward_shard_phases(x, do, dht, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None):
+    """The backward's phase 1 (D) then phase 2 (from x's initial state and dht) on one workspace,
+    outputs NaN-filled first; returns (D [N, Hv, 128, 128], the gradients)."""
+    q, v = x["q"], x["v"]
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    inputs = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    options = dict(cu_seqlens_cpu=cu_seqlens_cpu, context_parallel=mode, cp_segment_chunks=segment_chunks)
+    reaching = torch.full((N, v.shape[2], 128, 128), float("nan"), device=q.device)
+    workspace = backward_into(None, None, None, None, None, None, *inputs, do, None, None, cu_seqlens,
+                              q.shape[-1] ** -0.5, shard_phase=1, shard_grad=reaching, **options)
+    grads = poisoned_grads(x)
+    backward_into(*(grads[n] for n in GRADS), *inputs, do, dht, x["initial_state"], cu_seqlens, q.shape[-1] ** -0.5,
+                  shard_phase=2, workspace=workspace, **options)
+    return reaching, grads
+
+
+def shard_grad_f64(x, do, cu_seqlens=None):
+    """D of every (sequence, v-head) from the float64 reference: [N, Hv, 128, 128]."""
+    xs = [x[n].double().cpu() for n in ("q", "k", "v", "g", "beta")]
+    N = x["q"].shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    reaching = torch.empty(N, x["v"].shape[2], 128, 128)
+    backward_into(None, None, None, None, None, None, *xs, do.double().cpu(), None, None,
+                  None if cu_seqlens is None else cu_seqlens.cpu().long(), x["q"].shape[-1] ** -0.5, shard_phase=1,
+                  shard_grad=reaching)
+    return reaching
+
+
+@pytest.mark.parametrize("regime", ["zero", "strong", "mixed"])
+def test_backward_shard_phases(seed, regime):
+    """Inter-GPU CP's backward phases on one GPU: D against the float64 reference, then every
+    gradient of the finish phase (from an initial state and dht) against the oracle, with forced
+    segments of 4 chunks; and varlen shards with an empty sequence (D = 0, dh0 = dht)."""
+    x = make_inputs(2, 1500, 2, 4, regime=regime)
+    do, dht = upstream(x)
+    reaching, grads = backward_shard_phases(x, do, dht, ON, segment_chunks=4)
+    assert torch.isfinite(reaching).all(), "shard_grad has unwritten elements"
+    err = rel_l2(reaching, shard_grad_f64(x, do))
+    print(f"shard grad D {err:.2e};", check_grads(x, grads, do, dht))
+    assert err <= 1e-2, f"D rel L2 {err:.2e}"
+    lengths = [0, 700, 1, 1300]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths) + 9, 2, 4, regime=regime, N=len(lengths))
+    do, dht = upstream(x, cu_seqlens=cu)
+    reaching, grads = backward_shard_phases(x, do, dht, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    err = rel_l2(reaching, shard_grad_f64(x, do, cu))
+    print(f"varlen: shard grad D {err:.2e};", check_grads(x, grads, do, dht, cu_seqlens=cu))
+    assert err <= 1e-2 and (reaching[0] == 0).all() and torch.equal(grads["dh0"][0], dht[0])
+
+
 def test_backward_auto_plan(seed):
     """The backward's planner (its own cost model) on one long sequence with few heads cuts it, and
     the gradients agree with no CP within the oracle tolerances. (Mixed gates: head 0 has g == 0,

@@ -25,7 +25,8 @@
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
 // shard's E and M, grid (N, Hv, 2 roles x 4 slices)); the finish phase starts at cp_correction,
-// which then applies M_0 to h0 as well.
+// which then applies M_0 to h0 as well. The backward's maps phase ends with cp_grad_shard_maps (D,
+// the gradient its own d_o sends into the shard's entering state).
 // With a window, S*_j differs from the true end state by the dropped part of the entering state,
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
 #include <cuda_runtime.h>
@@ -336,7 +337,50 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
   }
 }
 
+// (backward shard map) dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 0; D = dS_0
+// into bp.shard_grad (an empty sequence's D is zero). Same layout, prefetching and barrier per step.
+__global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(const BackwardParams bp) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  const ForwardParams& p = bp.fwd;
+  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    smem.s[1][k * kPitchS + c0 + i] = 0.f;  // dS_J, read by the first step
+    if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
+  }
+  // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
+  // and past the first step (which multiplies zero), M_x.
+  auto segment = [&](int64_t i) { return first + count - 1 - i; };
+  auto apply_m = [&](int64_t i) { return i > 0 && p.grad_window_chunks[segment(i) * p.num_v_heads + h] == 0; };
+  auto load_step = [&](int64_t i, int buf) {
+    load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, segment(i), h),
+                         segment_block(p.segment_transitions, p.num_v_heads, segment(i), h), apply_m(i), col0);
+  };
+  if (count > 0) load_step(0, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int t = static_cast<int>(i & 1);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (i + 1 < count) load_step(i + 1, t ^ 1);
+    correction_step<true>(smem, t, apply_m(i), map, col0);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
+  if (bp.fwd.num_seqs == 0 || bp.fwd.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(cp_grad_shard_maps_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  cp_grad_shard_maps_kernel<<<dim3(static_cast<unsigned>(bp.fwd.num_seqs), bp.fwd.num_v_heads, kHeadDim / kSliceCols),
+                              kCorrectionThreads, smem, stream>>>(bp);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
   if (bp.fwd.num_seqs == 0 || bp.fwd.num_v_heads == 0) return cudaSuccess;

@@ -59,8 +59,8 @@ namespace flashgdn::kern {
 
 // What one CTA of the fused backward does. Without CP, x is a sequence: all its chunks from dht to
 // dh0. With CP, x is a segment j of sequence n:
-//   dS* pass (kStateGradOnly, fwd.cp_pass == kCpStatePass), j >= 1: the segment's leading decay
-//     window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
+//   dS* pass (kStateGradOnly, fwd.cp_pass == kCpStatePass), j >= 1 (every j with p.shard): the
+//     segment's leading decay window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
 //   main pass: the segment from dS_{j+1} (dht for the last segment, else segment_grad_ends[x]);
 //     every gradient of its tokens; dh0 from the first segment
 struct BackwardItem {
@@ -90,7 +90,7 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
   item.batch = at.seq.batch;
   item.bos = at.bos;
   if (p.cp_pass == kCpStatePass) {
-    if (at.index == 0) return item;
+    if (at.index == 0 && !p.shard) return item;  // a shard's first segment feeds its grad map D
     const int32_t window = p.grad_window_chunks[x * p.num_v_heads + h];
     const int64_t window_end = at.bos + static_cast<int64_t>(window) * kChunk;
     item.eos = window != 0 && window_end < at.eos ? window_end : at.eos;

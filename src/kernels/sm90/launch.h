@@ -43,6 +43,10 @@ cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
 // segment has a window) into p.shard_maps.
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream);
 
+// Backward shard map (fwd.shard, after the dS* pass): per (sequence, v-head) D = dS_0 of the reverse
+// chain dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1}, into bp.shard_grad.
+cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream);
+
 // Backward CP: dS_j = dS*_j (+ M_j^T dS_{j+1} without a window), j = J-1 .. 1, per (sequence,
 // v-head) into segment_grad_ends[j - 1].
 cudaError_t launch_cp_grad_correction(const BackwardParams& p, cudaStream_t stream);

@@ -125,6 +125,9 @@ struct BackwardParams {
   // every segment); windows in fwd.grad_window_chunks.
   float* segment_grad_starts = nullptr;  // [segment][hv][128][128]: dS*_j w.r.t. the state entering segment j
   float* segment_grad_ends = nullptr;    // [segment][hv][128][128]: dS_{j+1} w.r.t. the state leaving segment j
+  // Backward shard maps (fwd.shard): fp32 [N][hv][128][128], D = the gradient reaching each
+  // sequence's entering state from d_o alone (dht = 0).
+  float* shard_grad = nullptr;
 };
 
 }  // namespace flashgdn::kern

@@ -184,7 +184,7 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //   state pass, z = 1: only for j > 0 where a correction needs M_j (no forward window and j < last;
 //                      no backward window, j < last or transition_for_last): the whole segment with
 //                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
-//   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward window)
+//   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward or a backward window)
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
 //                      final state of the last segment -> final_state[n]
@@ -214,7 +214,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     if (z == 0 && at.last() && !p.shard) return item;
     if (z == 1) {  // M_j where the forward correction or the backward's reverse correction needs it
       const bool grad_exact = p.grad_window_chunks != nullptr && p.grad_window_chunks[x * p.num_v_heads + h] == 0;
-      const bool needed = p.shard ? window == 0
+      const bool needed = p.shard ? window == 0 || grad_exact
                                   : (window == 0 && !at.last()) ||
                                         (grad_exact && (!at.last() || p.transition_for_last));
       if ((at.index == 0 && !p.shard) || !needed) return item;
