@@ -369,28 +369,28 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   }
 }
 
-}  // namespace
-
-cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
-  if (bp.fwd.num_seqs == 0 || bp.fwd.num_v_heads == 0) return cudaSuccess;
+// A serial chain over the segments of each sequence (the corrections, the shard maps): grid
+// (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic shared memory.
+template <typename Params>
+cudaError_t launch_segment_chain(void (*kernel)(Params), const Params& params, const ForwardParams& p, int roles,
+                                 cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
   constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(cp_grad_shard_maps_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  cp_grad_shard_maps_kernel<<<dim3(static_cast<unsigned>(bp.fwd.num_seqs), bp.fwd.num_v_heads, kHeadDim / kSliceCols),
-                              kCorrectionThreads, smem, stream>>>(bp);
+  kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, roles * kHeadDim / kSliceCols), kCorrectionThreads,
+           smem, stream>>>(params);
   return cudaGetLastError();
 }
 
+}  // namespace
+
+cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
+  return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.fwd, 1, stream);
+}
+
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
-  if (bp.fwd.num_seqs == 0 || bp.fwd.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(cp_grad_correction_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  cp_grad_correction_kernel<<<dim3(static_cast<unsigned>(bp.fwd.num_seqs), bp.fwd.num_v_heads, kHeadDim / kSliceCols),
-                              kCorrectionThreads, smem, stream>>>(bp);
-  return cudaGetLastError();
+  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.fwd, 1, stream);
 }
 
 template <ElemKind E>
@@ -404,25 +404,11 @@ template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, in
 template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
-  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(cp_shard_maps_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  cp_shard_maps_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, 2 * kHeadDim / kSliceCols),
-                         kCorrectionThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_segment_chain(cp_shard_maps_kernel, p, p, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
-  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(cp_correction_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  cp_correction_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, kHeadDim / kSliceCols),
-                         kCorrectionThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_segment_chain(cp_correction_kernel, p, p, 1, stream);
 }
 
 }  // namespace flashgdn::kern
