@@ -46,6 +46,26 @@ kernel_times() {  # ncu time of every kernel of one forward call per configurati
   done
 }
 
+profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config ...;" ...)
+  [ -n "${PROFILE:-}" ] || return 0
+  IFS=';' read -ra profiles <<<"$([ "$PROFILE" = 1 ] && echo "fused_forward 1x8192 16 32" || echo "$PROFILE")"
+  for entry in "${profiles[@]}"; do
+    read -r regex config <<<"$entry"
+    name=$(echo "$regex $config" | tr -c 'A-Za-z0-9' '_' | sed 's/_*$//')
+    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -c 1 -o "$OUT/$name" \
+      python3 bench/profile_forward.py $config >"$OUT/ncu_$name.log" 2>&1
+    note "ncu $regex ($config) rc=$?"
+    ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/ncu_$name.txt" 2>&1
+    grep -E "Duration|SM Frequency|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
+      "$OUT/ncu_$name.txt" | head -18
+    # where the warps wait, per SASS instruction (the source page's warp-state samples)
+    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${name}_source.csv" 2>&1
+    python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 >"$OUT/ncu_${name}_stalls.txt" 2>&1
+    head -40 "$OUT/ncu_${name}_stalls.txt"
+    rm -f "$OUT/$name.ncu-rep" "$OUT/ncu_${name}_source.csv"
+  done
+}
+
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 &&
   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
@@ -79,6 +99,7 @@ if [ "$MODE" = dist ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
   note "distributed scaling rc=$?"
   grep -E "GPU" "$OUT/scaling.log" | head -24
+  profile
   echo "================ summary"
   printf '%s\n' "${summary[@]}"
   exit 0
@@ -164,24 +185,6 @@ if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
   tail -n 25 "$OUT/bench_bwd.log"
 fi
 
-if [ -n "${PROFILE:-}" ]; then  # ncu --set full on one kernel per entry of PROFILE ("regex config ...;" ...)
-  IFS=';' read -ra profiles <<<"$([ "$PROFILE" = 1 ] && echo "fused_forward 1x8192 16 32" || echo "$PROFILE")"
-  for entry in "${profiles[@]}"; do
-    read -r regex config <<<"$entry"
-    name=$(echo "$regex $config" | tr -c 'A-Za-z0-9' '_' | sed 's/_*$//')
-    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -c 1 -o "$OUT/$name" \
-      python3 bench/profile_forward.py $config >"$OUT/ncu_$name.log" 2>&1
-    note "ncu $regex ($config) rc=$?"
-    ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/ncu_$name.txt" 2>&1
-    grep -E "Duration|SM Frequency|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots|Compute \(SM\) Throughput|Memory Throughput|No Eligible|stall" \
-      "$OUT/ncu_$name.txt" | head -18
-    # where the warps wait, per SASS instruction (the source page's warp-state samples)
-    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${name}_source.csv" 2>&1
-    python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 >"$OUT/ncu_${name}_stalls.txt" 2>&1
-    head -40 "$OUT/ncu_${name}_stalls.txt"
-    rm -f "$OUT/$name.ncu-rep" "$OUT/ncu_${name}_source.csv"
-  done
-fi
-
+profile
 echo "================ summary"
 printf '%s\n' "${summary[@]}"
