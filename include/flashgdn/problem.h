@@ -113,7 +113,8 @@ struct ForwardProblem {
   // every token, fp32 [B * T, Hv, ...] (row b * T + t; the packed token t with cu_seqlens), for
   // rolling back rejected speculative tokens.
   TensorRef token_states;
-  // kMaps output, fp32 contiguous [2 N, Hv, K, K] with K == V: rows 0..N-1 hold E, rows N..2N-1 M.
+  // kMaps output, fp32 contiguous [2 N, Hv, K, K] with K == V: rows 0..N-1 hold E, rows N..2N-1 M
+  // (row-major [K][V] blocks whatever in.state_layout).
   ShardPhase shard_phase = ShardPhase::kNone;
   TensorRef shard_maps;
 };
@@ -127,7 +128,8 @@ struct BackwardProblem {
   TensorRef dbeta;            // output, dtype of beta
   TensorRef d_initial_state;  // output, fp32; required exactly when in.initial_state is present
   // Inter-GPU CP (ShardPhase), in reverse: kMaps writes only shard_grad, fp32 contiguous
-  // [N, Hv, K, V]: D, the gradient that d_o alone sends into each sequence's entering state
+  // [N, Hv, K, V] (row-major [K][V] blocks whatever in.state_layout): D, the gradient that d_o
+  // alone sends into each sequence's entering state
   // (d_final_state, the gradients and initial_state absent); kFinish is the backward from
   // initial_state (the true entering state) and d_final_state (the true gradient leaving the shard),
   // reusing kMaps' workspace (its chunk inverse, segment states, transitions and dS* pass): same

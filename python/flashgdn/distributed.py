@@ -91,16 +91,17 @@ def _two_phase_forward(q, k, v, g, beta, scale: float, initial_state, use_qk_l2n
     workspace = forward_into(None, None, q, k, v, g, beta, None, None, shard_phase=1, shard_maps=maps, **options)
     gathered = torch.empty(world, 2 * B, Hv, K, K, dtype=torch.float32, device=q.device)
     dist.all_gather(list(gathered.unbind(0)), maps, group=group)
-    state = None if initial_state is None else initial_state.float()
-    entering = state
-    for j in range(world):  # S_{j+1} = E_j + M_j S_j; rank r enters its shard with S_r
-        if j == rank:
-            entering = state
-        state = gathered[j, :B] if state is None else gathered[j, :B] + gathered[j, B:] @ state
+    # S_{j+1} = E_j + M_j S_j, in float64 (whatever the TF32 setting); rank r enters its shard with S_r
+    state = None if initial_state is None else initial_state.double()
+    entering = None
+    for j in range(world):
+        if j == rank and state is not None:
+            entering = state.float()
+        e_j = gathered[j, :B].double()
+        state = e_j if state is None else e_j + gathered[j, B:].double() @ state
+    state = state.float()
     o = torch.empty_like(v)
     forward_into(o, None, q, k, v, g, beta, entering, None, shard_phase=2, workspace=workspace, **options)
-    if state is None:  # no rank has a token and no initial state
-        state = torch.zeros(B, Hv, K, v.shape[3], dtype=torch.float32, device=q.device)
     return o, state, entering, gathered[:, B:]
 
 
@@ -127,7 +128,9 @@ class _ShardedRule(torch.autograd.Function):
         B, Hv, K, V = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
         do = torch.zeros_like(v) if do is None else do.contiguous()
         # Every rank returned the same final state: its gradient is the sum of the ranks' gradients.
-        dht = torch.zeros(B, Hv, K, V, dtype=torch.float32, device=q.device) if dfinal is None else dfinal.float().clone()
+        dht = torch.zeros(B, Hv, K, V, dtype=torch.float32, device=q.device)
+        if dfinal is not None:
+            dht.copy_(dfinal)  # contiguous fp32 whatever the incoming gradient's layout
         dist.all_reduce(dht, group=group)
         if entering is None:  # rank 0 without an initial state: the shard starts at zero
             entering = torch.zeros(B, Hv, K, V, dtype=torch.float32, device=q.device)
@@ -137,12 +140,12 @@ class _ShardedRule(torch.autograd.Function):
                                   l2norm, shard_phase=1, shard_grad=own)
         reaching = torch.empty(world, B, Hv, K, V, dtype=torch.float32, device=q.device)
         dist.all_gather(list(reaching.unbind(0)), own, group=group)
-        d_out = dht  # dS_out_{j-1} = M_j^T dS_out_j + D_j, from the last shard back to this one
+        d_out = dht.double()  # dS_out_{j-1} = M_j^T dS_out_j + D_j, from the last shard back, in float64
         for j in range(world - 1, rank, -1):
-            d_out = transitions[j].transpose(-1, -2) @ d_out + reaching[j]
+            d_out = transitions[j].double().transpose(-1, -2) @ d_out + reaching[j].double()
         # Phase 2: the shard's backward from S_r and dS_out_r
         dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, entering)
-        backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, d_out.contiguous(), entering, None, scale,
+        backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, d_out.float().contiguous(), entering, None, scale,
                       l2norm, shard_phase=2, workspace=workspace)
         d_initial = None
         if ctx.has_initial_state:

@@ -56,7 +56,9 @@ def loss_and_grads(x, h0, weights_o, weights_s, call, final_weight=1.0):
     leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
     h0 = None if h0 is None else h0.clone().requires_grad_(True)
     o, final = call(**leaves, initial_state=h0, output_final_state=True)
-    loss = (o.double() * weights_o).sum() + final_weight * (final.double() * weights_s).sum()
+    # (the final state through a transposed view: its gradient arrives non-contiguous)
+    loss = (o.double() * weights_o).sum() + final_weight * (final.transpose(-1, -2).double() *
+                                                             weights_s.transpose(-1, -2)).sum()
     loss.backward()
     grads = {n: t.grad for n, t in leaves.items()}
     if h0 is not None:
