@@ -43,3 +43,17 @@ target_compile_options(flashgdn PRIVATE
   $<$<COMPILE_LANGUAGE:CXX>:${FLASHGDN_WARNINGS}>)
 target_compile_definitions(flashgdn PUBLIC FLASHGDN_WITH_KERNELS=1)
 set_target_properties(flashgdn PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
+
+# Inter-GPU CP over NCCL (include/flashgdn/distributed.h): built where nccl.h and libnccl are found
+# (the CUDA toolkit's folders, NCCL_HOME, or the nvidia-nccl pip package's, given as NCCL_HOME).
+find_path(FLASHGDN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
+find_library(FLASHGDN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{NCCL_HOME}/lib)
+if(FLASHGDN_NCCL_INCLUDE AND FLASHGDN_NCCL_LIBRARY)
+  message(STATUS "flashgdn: NCCL at ${FLASHGDN_NCCL_LIBRARY}: building flashgdn_distributed")
+  add_library(flashgdn_distributed STATIC ${PROJECT_SOURCE_DIR}/src/distributed/distributed.cpp)
+  target_include_directories(flashgdn_distributed PRIVATE ${PROJECT_SOURCE_DIR}/src PUBLIC ${FLASHGDN_NCCL_INCLUDE})
+  target_link_libraries(flashgdn_distributed PUBLIC flashgdn ${FLASHGDN_NCCL_LIBRARY})
+  target_compile_options(flashgdn_distributed PRIVATE ${FLASHGDN_WARNINGS})
+else()
+  message(STATUS "flashgdn: NCCL not found: flashgdn_distributed (the C++ inter-GPU entry point) not built")
+endif()

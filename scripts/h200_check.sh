@@ -66,6 +66,11 @@ profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config 
   done
 }
 
+# NCCL for flashgdn_distributed (cmake/cuda.cmake): the CUDA toolkit's, else torch's nvidia-nccl wheel
+if [ -z "${NCCL_HOME:-}" ]; then
+  NCCL_HOME=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null) && export NCCL_HOME
+fi
+
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 &&
   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
@@ -95,6 +100,8 @@ if [ "$MODE" = dist ]; then
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py tests/gpu/test_cp.py -k shard \
     -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
   note "distributed tests rc=$?: $(tail -1 "$OUT/pytest_dist.log")"
+  ctest --test-dir build -R distributed_nccl --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
+  note "C++ NCCL entry point (gpu_unit.distributed_nccl) rc=$?: $(grep -E "GPUs|OK|FAILED|skipped|No tests" "$OUT/ctest_nccl.log" | tr '\n' ' ' | cut -c1-300)"
   grep -E "ranks on|shard maps|SKIPPED|FAILED|Error" "$OUT/pytest_dist.log" | head -30
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
   note "distributed scaling rc=$?"

@@ -149,7 +149,7 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
 // One serial step of a correction, of parity t (buffers alternate between steps): next = base +
 // (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
 // and S the running [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a
-// [128][128] fp32 workspace state). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
+// [128][128] fp32 workspace state; null: nowhere). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
 // relative per product): warp w forms rows 16 w .. 16 w + 15,
 //   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
 // No barrier inside: the caller's one barrier per step orders step t's reads of s[t ^ 1] and of
@@ -192,7 +192,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
       const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
       *reinterpret_cast<float2*>(&smem.s[t][row * kPitchS + col]) = x;
-      *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
+      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
     }
 }
 
@@ -369,6 +369,45 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   }
 }
 
+// (ranks) S_0 = h0, S_{j+1} = E_j + M_j S_j over the gathered maps of every rank; S_rank ->
+// entering (a plain [128][128] block), S_world -> final_state (user layout and dtype, from the last
+// slice in shared memory). Same layout, prefetching and barrier per step as the corrections.
+__global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const ShardScanParams a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  constexpr int64_t kBlock = kHeadDim * kHeadDim;
+  auto map = [&](int j, int role) {  // role 0: E_j, 1: M_j
+    return a.maps + ((static_cast<int64_t>(j) * 2 + role) * a.num_seqs + n) * a.num_v_heads * kBlock + h * kBlock;
+  };
+  float* entering = a.entering + (n * a.num_v_heads + h) * kBlock;
+  const StateBlock h0 = user_state(a.initial_state, a.initial_state_strides, a.state_vk, n, h, a.initial_state_bf16);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float x = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
+    smem.s[1][k * kPitchS + c0 + i] = x;  // S_0, read by step 0
+    if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x;
+  }
+  auto load_step = [&](int j, int buf) { load_correction_step(smem, buf, map(j, 0), map(j, 1), true, col0); };
+  if (a.world > 0) load_step(0, 0);
+  for (int j = 0; j < a.world; ++j) {
+    const int t = j & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (j + 1 < a.world) load_step(j + 1, t ^ 1);
+    correction_step<false>(smem, t, true, j + 1 == a.rank ? entering : nullptr, col0);  // S_{j+1} -> s[t]
+  }
+  __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
+  const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
+  if (final_state.base != nullptr) {
+    const float* last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last[k * kPitchS + c0 + i]);
+  }
+}
+
 // A serial chain over the segments of each sequence (the corrections, the shard maps): grid
 // (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic shared memory.
 template <typename Params>
@@ -405,6 +444,17 @@ template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
   return launch_segment_chain(cp_shard_maps_kernel, p, p, 2, stream);  // roles E and M
+}
+
+cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {
+  if (params.num_seqs == 0 || params.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(shard_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  shard_scan_kernel<<<dim3(static_cast<unsigned>(params.num_seqs), params.num_v_heads, kHeadDim / kSliceCols),
+                      kCorrectionThreads, smem, stream>>>(params);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {

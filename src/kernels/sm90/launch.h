@@ -43,6 +43,9 @@ cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
 // segment has a window) into p.shard_maps.
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream);
 
+// Inter-GPU CP over NCCL: S_rank into entering and S_world into final_state (ShardScanParams).
+cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream);
+
 // Backward shard map (fwd.shard, after the dS* pass): per (sequence, v-head) D = dS_0 of the reverse
 // chain dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1}, into bp.shard_grad.
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream);

@@ -90,6 +90,22 @@ struct ForwardParams {
 // Passes of the CP forward; the state pass runs S*_j with blockIdx.z == 0 and M_j with z == 1.
 enum CpPass : int32_t { kNoCp = 0, kCpStatePass = 1, kCpMainPass = 2 };
 
+// Inter-GPU CP over NCCL (flashgdn::distributed): the scan over every rank's shard maps,
+// S_0 = h0, S_{j+1} = E_j + M_j S_j: S_rank -> entering, S_world -> final_state.
+struct ShardScanParams {
+  const float* maps = nullptr;  // [world][2 N][hv][128][128]: rank j's E_j (rows 0..N-1), M_j (rows N..2N-1)
+  int32_t world = 0, rank = 0, num_v_heads = 0;
+  int64_t num_seqs = 0;
+  const void* initial_state = nullptr;  // optional, [N][hv] states in the user layout (fp32 or bf16)
+  int64_t initial_state_strides[4] = {0, 0, 0, 0};
+  bool initial_state_bf16 = false;
+  float* entering = nullptr;            // [N][hv][128][128] fp32, K-major
+  void* final_state = nullptr;          // optional, user layout (fp32 or bf16)
+  int64_t final_state_strides[4] = {0, 0, 0, 0};
+  bool final_state_bf16 = false;
+  bool state_vk = false;                // layout of initial_state and final_state
+};
+
 // The backward reads the forward's inputs and workspace through `fwd` (the inverse in fp32).
 struct BackwardParams {
   ForwardParams fwd;
