@@ -46,8 +46,9 @@ set_target_properties(flashgdn PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
 
 # Inter-GPU CP over NCCL (include/flashgdn/distributed.h): built where nccl.h and libnccl are found
 # (the CUDA toolkit's folders, NCCL_HOME, or the nvidia-nccl pip package's, given as NCCL_HOME).
-find_path(FLASHGDN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
-find_library(FLASHGDN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{NCCL_HOME}/lib)
+# NCCL_HOME first, so that the header and the library come from one installation.
+find_path(FLASHGDN_NCCL_INCLUDE nccl.h HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS})
+find_library(FLASHGDN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS $ENV{NCCL_HOME}/lib ${CUDAToolkit_LIBRARY_DIR})
 if(FLASHGDN_NCCL_INCLUDE AND FLASHGDN_NCCL_LIBRARY)
   message(STATUS "flashgdn: NCCL at ${FLASHGDN_NCCL_LIBRARY}: building flashgdn_distributed")
   add_library(flashgdn_distributed STATIC ${PROJECT_SOURCE_DIR}/src/distributed/distributed.cpp)

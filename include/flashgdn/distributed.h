@@ -10,7 +10,9 @@
 // every rank). Inside: the slice's affine map S_end = M S_start + E (ShardPhase::kMaps), one
 // ncclAllGather of the maps, the scan S_{j+1} = E_j + M_j S_j on the device, and the slice's
 // forward from its true entering state (ShardPhase::kFinish). No host sync, no allocation; the
-// collective runs on `stream`.
+// collective runs on `stream`, the communicator's device must be the current one. A rank whose
+// call fails before the collective (a bad argument) leaves the others waiting in it: check the
+// problem (validate_forward, forward_workspace_size) on every rank before the first call.
 //
 //     std::size_t bytes = 0;
 //     flashgdn::distributed::forward_workspace_size(problem, world, &bytes);

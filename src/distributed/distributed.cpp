@@ -1,14 +1,15 @@
 // flashgdn::distributed::forward (include/flashgdn/distributed.h): the two shard phases of the
 // public API around one ncclAllGather and the device scan (kernels/sm90/cp_kernels.cu).
 //
-// Workspace: [the phases' workspace][maps of this rank, fp32 [2 N, Hv, K, K]]
-//            [maps of every rank, fp32 [world, 2 N, Hv, K, K]][entering state, fp32 [N, Hv, K, V]]
+// Workspace: [the phases' workspace][maps of every rank, fp32 [world, 2 N, Hv, K, K] (this rank's
+//            written in place by phase 1)][entering state, fp32 [N, Hv, K, V]]
 #include "flashgdn/distributed.h"
 
 #include <string>
 
 #include "kernels/sm90/launch.h"
 #include "runtime/common.h"
+#include "runtime/forward.h"
 
 namespace flashgdn::distributed {
 namespace {
@@ -34,7 +35,7 @@ TensorRef states_ref(void* data, int64_t rows, const Shape& s) {
 }
 
 struct Plan {
-  ForwardProblem maps, finish;  // the two phases (their pointers filled by forward())
+  ForwardProblem maps, finish;  // the two phases (their buffers placed by forward())
   std::size_t phase_bytes = 0, maps_bytes = 0, all_maps = 0, entering = 0, bytes = 0;
 };
 
@@ -60,17 +61,11 @@ Status plan(const ForwardProblem& problem, int world, Plan& out) {
   out.finish.in.initial_state = states_ref(nullptr, N, s);
   out.finish.in.state_layout = StateLayout::kKV;  // the entering state is written K-major
   out.finish.shard_phase = ShardPhase::kFinish;
-  // Sizes (validation needs a non-null placeholder for the buffers not yet placed).
-  void* placeholder = reinterpret_cast<void*>(uintptr_t{1} << 46);
-  out.maps.shard_maps.data = placeholder;
-  out.finish.in.initial_state.data = placeholder;
-  std::size_t maps_ws = 0, finish_ws = 0;
-  if (auto st = forward_workspace_size(out.maps, &maps_ws); !st.ok()) return st;
-  if (auto st = forward_workspace_size(out.finish, &finish_ws); !st.ok()) return st;
+  // Both phases plan one layout (problem.h); each phase's call validates its problem again.
   const std::size_t block = static_cast<std::size_t>(s.num_v_heads) * s.head_dim_k * s.head_dim_k * sizeof(float);
-  out.phase_bytes = detail::align_up(maps_ws > finish_ws ? maps_ws : finish_ws);  // one layout (problem.h)
+  out.phase_bytes = detail::align_up(detail::forward_layout(out.maps, detail::kDefaultInverse).bytes);
   out.maps_bytes = 2 * static_cast<std::size_t>(N) * block;
-  out.all_maps = out.phase_bytes + detail::align_up(out.maps_bytes);
+  out.all_maps = out.phase_bytes;
   out.entering = out.all_maps + detail::align_up(static_cast<std::size_t>(world) * out.maps_bytes);
   out.bytes = out.entering + detail::align_up(static_cast<std::size_t>(N) * block);
   return {};
@@ -89,15 +84,20 @@ Status forward_workspace_size(const ForwardProblem& problem, int world, std::siz
 
 Status forward(const ForwardProblem& problem, ncclComm_t comm, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream) {
-  int world = 0, rank = 0;
+  int world = 0, rank = 0, comm_device = -1, device = -1;
   if (auto s = nccl_status(ncclCommCount(comm, &world), "ncclCommCount"); !s.ok()) return s;
   if (auto s = nccl_status(ncclCommUserRank(comm, &rank), "ncclCommUserRank"); !s.ok()) return s;
+  if (auto s = nccl_status(ncclCommCuDevice(comm, &comm_device), "ncclCommCuDevice"); !s.ok()) return s;
+  if (auto s = detail::cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
+  if (device != comm_device)
+    return invalid("comm: its device (" + std::to_string(comm_device) + ") is not the current device (" +
+                   std::to_string(device) + ")");
   Plan p;
   if (auto s = plan(problem, world, p); !s.ok()) return s;
   if (auto s = detail::check_workspace(workspace, workspace_bytes, p.bytes); !s.ok()) return s;
   auto* ws = static_cast<unsigned char*>(workspace);
-  float* own_maps = reinterpret_cast<float*>(ws + p.phase_bytes);
   float* all_maps = reinterpret_cast<float*>(ws + p.all_maps);
+  float* own_maps = all_maps + static_cast<std::size_t>(rank) * (p.maps_bytes / sizeof(float));  // in place
   float* entering = reinterpret_cast<float*>(ws + p.entering);
   p.maps.shard_maps.data = own_maps;
   p.finish.in.initial_state.data = entering;

@@ -1,7 +1,8 @@
 // flashgdn::distributed::forward over NCCL with one thread per GPU (at least 2 sm_90 GPUs, else
-// skipped): two batch entries sharded at unequal points over every GPU of the machine (one slice
-// empty when there are 3 or more), against the single-GPU forward of the whole sequences on GPU
-// 0 (same bf16 inputs): o and the final state (on every rank) within 1e-2 relative L2. Heads:
+// skipped): two batch entries sharded over every GPU of the machine (unequal slices; the first
+// slice empty; the last empty) and over one GPU alone, against the single-GPU forward of the
+// whole sequences on GPU 0 (same bf16 inputs, outputs NaN-filled first): o and the final state
+// (on every rank) within 1e-2 relative L2. Heads:
 // g = 0 (the exact transitions travel), strong decay (the windows zero them), mild decay; with an
 // initial state, and the final state in the V-first layout.
 #include <cuda_bf16.h>
@@ -117,7 +118,8 @@ Outputs run(const Inputs& x, int lo, int hi, ncclComm_t comm, bool final_vk) {
   const size_t o_elems = static_cast<size_t>(B) * t * Hv * D, s_elems = x.h0.size();
   CHECK_CUDA(cudaMalloc(&o, std::max<size_t>(o_elems, 1) * 2));
   CHECK_CUDA(cudaMalloc(&final_state, s_elems * 4));
-  CHECK_CUDA(cudaMemset(final_state, 0xff, s_elems * 4));  // NaN until written
+  CHECK_CUDA(cudaMemset(o, 0xff, std::max<size_t>(o_elems, 1) * 2));  // NaN until written
+  CHECK_CUDA(cudaMemset(final_state, 0xff, s_elems * 4));
   p.in.q = ref(q, DType::kBF16, {B, t, Hqk, D});
   p.in.k = ref(k, DType::kBF16, {B, t, Hqk, D});
   p.in.v = ref(v, DType::kBF16, {B, t, Hv, D});
@@ -183,39 +185,51 @@ int main() {
   }
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast off (the machine's notes)
   const Inputs x = make_inputs();
-  std::vector<int> bounds{0};  // unequal slices; with 3+ GPUs the second is empty
-  for (int r = 1; r < devices; ++r) bounds.push_back(r == 1 ? T / 3 : r == 2 ? T / 3 : T / 3 + (T - T / 3) * (r - 2) / (devices - 2));
-  bounds.push_back(T);
+  // Slice bounds: unequal; the first slice empty (h0 passes through rank 0); the last empty; and
+  // one rank alone (a communicator of one).
+  auto even = [](int ranks) {  // T tokens in `ranks` slices
+    std::vector<int> b;
+    for (int r = 0; r <= ranks; ++r) b.push_back(T * r / ranks);
+    return b;
+  };
+  std::vector<std::vector<int>> cuts{even(devices), even(devices - 1), even(devices - 1), {0, T}};
+  cuts[0][1] = T / 3;                  // unequal
+  cuts[1].insert(cuts[1].begin(), 0);  // the first slice empty
+  cuts[2].push_back(T);                // the last slice empty
   int failures = 0;
   for (const bool vk : {false, true}) {
     CHECK_CUDA(cudaSetDevice(0));
     const Outputs whole = run(x, 0, T, nullptr, vk);
-    std::vector<ncclComm_t> comms(devices);
-    if (ncclCommInitAll(comms.data(), devices, nullptr) != ncclSuccess) {
-      std::printf("ncclCommInitAll failed\n");
-      return 1;
-    }
-    std::vector<Outputs> parts(devices);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < devices; ++r)
-      threads.emplace_back([&, r] {
-        CHECK_CUDA(cudaSetDevice(r));
-        parts[r] = run(x, bounds[r], bounds[r + 1], comms[r], vk);
-      });
-    for (auto& th : threads) th.join();
-    for (auto c : comms) ncclCommDestroy(c);
-    // o: the slices back in token order per batch entry
-    std::vector<__nv_bfloat16> o;
-    for (int b = 0; b < B; ++b)
-      for (int r = 0; r < devices; ++r) {
-        const size_t per_entry = static_cast<size_t>(bounds[r + 1] - bounds[r]) * Hv * D;
-        o.insert(o.end(), parts[r].o.begin() + b * per_entry, parts[r].o.begin() + (b + 1) * per_entry);
+    for (const std::vector<int>& bounds : cuts) {
+      const int world = static_cast<int>(bounds.size()) - 1;
+      std::vector<ncclComm_t> comms(world);
+      if (ncclCommInitAll(comms.data(), world, nullptr) != ncclSuccess) {
+        std::printf("ncclCommInitAll failed\n");
+        return 1;
       }
-    const double err_o = rel_l2(o, whole.o);
-    double err_s = 0;
-    for (int r = 0; r < devices; ++r) err_s = std::max(err_s, rel_l2(parts[r].final_state, whole.final_state));
-    std::printf("%d GPUs, states %s: o %.2e, final state (worst rank) %.2e\n", devices, vk ? "VK" : "KV", err_o, err_s);
-    if (!(err_o <= 1e-2 && err_s <= 1e-2)) ++failures;
+      std::vector<Outputs> parts(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          CHECK_CUDA(cudaSetDevice(r));
+          parts[r] = run(x, bounds[r], bounds[r + 1], comms[r], vk);
+        });
+      for (auto& th : threads) th.join();
+      for (auto c : comms) ncclCommDestroy(c);
+      std::vector<__nv_bfloat16> o;  // the slices back in token order per batch entry
+      for (int b = 0; b < B; ++b)
+        for (int r = 0; r < world; ++r) {
+          const size_t per_entry = static_cast<size_t>(bounds[r + 1] - bounds[r]) * Hv * D;
+          o.insert(o.end(), parts[r].o.begin() + b * per_entry, parts[r].o.begin() + (b + 1) * per_entry);
+        }
+      const double err_o = rel_l2(o, whole.o);
+      double err_s = 0;
+      for (int r = 0; r < world; ++r) err_s = std::max(err_s, rel_l2(parts[r].final_state, whole.final_state));
+      std::printf("%d GPUs, cuts", world);
+      for (int c : bounds) std::printf(" %d", c);
+      std::printf(", states %s: o %.2e, final state (worst rank) %.2e\n", vk ? "VK" : "KV", err_o, err_s);
+      if (!(err_o <= 1e-2 && err_s <= 1e-2)) ++failures;  // NaN (an unwritten element) fails too
+    }
   }
   std::printf(failures ? "FAILED\n" : "OK\n");
   return failures ? 1 : 0;
