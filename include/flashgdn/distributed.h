@@ -35,4 +35,17 @@ Status forward_workspace_size(const ForwardProblem& problem, int world, std::siz
 Status forward(const ForwardProblem& problem, ncclComm_t comm, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream);
 
+// Its backward: each rank passes the BackwardProblem of its slice (its inputs as in forward(), its
+// d_o, and d_final_state = the gradient of the whole sequences' final state, the same on every
+// rank, or absent on every rank) and gets its slice's dq, dk, dv, dg, dbeta; d_initial_state
+// (required exactly when initial_state is given, fp32) gets the initial state's gradient on rank 0
+// and zeros on the others, so that its sum over the ranks is the gradient. Inside: the forward's
+// maps again (one ncclAllGather) for the entering state and every rank's M, the slice's D (the
+// gradient its own d_o sends into its entering state, BackwardProblem::shard_phase kMaps), one
+// ncclAllGather of the D's, the reverse scan dS_out_{j-1} = M_j^T dS_out_j + D_j on the device,
+// and the slice's backward from its entering state and dS_out (kFinish).
+Status backward_workspace_size(const BackwardProblem& problem, int world, std::size_t* bytes);
+Status backward(const BackwardProblem& problem, ncclComm_t comm, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream);
+
 }  // namespace flashgdn::distributed

@@ -23,6 +23,7 @@
 // in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
+#include "runtime/backward.h"
 #include "runtime/common.h"
 #include "runtime/forward.h"
 
@@ -80,6 +81,9 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
 }
 
 }  // namespace
+
+std::size_t backward_workspace_bytes(const BackwardProblem& problem) { return backward_layout(problem).bytes; }
+
 }  // namespace detail
 
 Status backward_workspace_size(const BackwardProblem& problem, std::size_t* bytes) {

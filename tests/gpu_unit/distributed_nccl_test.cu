@@ -1,8 +1,9 @@
-// flashgdn::distributed::forward over NCCL with one thread per GPU (at least 2 sm_90 GPUs, else
-// skipped): two batch entries sharded over every GPU of the machine (unequal slices; the first
-// slice empty; the last empty) and over one GPU alone, against the single-GPU forward of the
-// whole sequences on GPU 0 (same bf16 inputs, outputs NaN-filled first): o and the final state
-// (on every rank) within 1e-2 relative L2. Heads:
+// flashgdn::distributed::forward and backward over NCCL with one thread per GPU (at least 2 sm_90
+// GPUs, else skipped): two batch entries sharded over every GPU of the machine (unequal slices;
+// the first slice empty; the last empty) and over one GPU alone, against the single-GPU forward
+// and backward of the whole sequences on GPU 0 (same bf16 inputs, outputs NaN-filled first): o and
+// the final state (on every rank) within 1e-2 relative L2, every gradient within 2e-2 (dh0 summed
+// over the ranks). Heads:
 // g = 0 (the exact transitions travel), strong decay (the windows zero them), mild decay; with an
 // initial state, and the final state in the V-first layout.
 #include <cuda_bf16.h>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "flashgdn/distributed.h"
@@ -52,8 +54,8 @@ flashgdn::TensorRef ref(void* data, flashgdn::DType dtype, std::vector<int64_t> 
 
 // Host inputs of the whole sequences: [B, T, H, D] rows, gates [B, T, Hv].
 struct Inputs {
-  std::vector<__nv_bfloat16> q, k, v;
-  std::vector<float> g, beta, h0;
+  std::vector<__nv_bfloat16> q, k, v, d_o;
+  std::vector<float> g, beta, h0, dht;
 };
 
 Inputs make_inputs() {
@@ -81,6 +83,10 @@ Inputs make_inputs() {
   }
   x.h0.resize(static_cast<size_t>(B) * Hv * D * D);
   for (auto& e : x.h0) e = 0.1f * normal(rng);
+  x.d_o.resize(x.v.size());
+  for (auto& e : x.d_o) e = __float2bfloat16(normal(rng));
+  x.dht.resize(x.h0.size());
+  for (auto& e : x.dht) e = normal(rng);
   return x;
 }
 
@@ -96,69 +102,110 @@ std::vector<T_> slice(const std::vector<T_>& all, int heads, int dim, int lo, in
   return out;
 }
 
+// [.., D, D] states with their last two dimensions swapped (K-major <-> V-first).
+std::vector<float> transposed(const std::vector<float>& states) {
+  std::vector<float> out(states.size());
+  for (size_t s = 0; s < states.size() / (D * D); ++s)
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < D; ++j) out[(s * D + j) * D + i] = states[(s * D + i) * D + j];
+  return out;
+}
+
 struct Outputs {
-  std::vector<__nv_bfloat16> o;  // [B, t, Hv, D]
-  std::vector<float> final_state;
+  std::vector<__nv_bfloat16> o, dq, dk, dv;  // [B, t, H, D] of the slice
+  std::vector<float> final_state, dg, dbeta, dh0;  // states K-major
 };
 
-// The forward of tokens [lo, hi) on the current device: whole (comm == nullptr) or sharded.
-Outputs run(const Inputs& x, int lo, int hi, ncclComm_t comm, bool final_vk) {
+template <typename T_>
+T_* nan_filled(size_t elems) {
+  T_* dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&dev, std::max<size_t>(elems, 1) * sizeof(T_)));
+  CHECK_CUDA(cudaMemset(dev, 0xff, std::max<size_t>(elems, 1) * sizeof(T_)));  // NaN until written
+  return dev;
+}
+
+void check(const flashgdn::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::printf("%s: %s\n", what, s.message().c_str());
+    std::exit(1);
+  }
+}
+
+// The forward and the backward of tokens [lo, hi) on the current device: whole sequences
+// (comm == nullptr, the plain entry points) or a slice (flashgdn::distributed). States V-first
+// when vk (uploaded and read back transposed).
+Outputs run(const Inputs& x, int lo, int hi, ncclComm_t comm, bool vk) {
   using flashgdn::DType;
   const int t = hi - lo;
+  const size_t qk_elems = static_cast<size_t>(B) * t * Hqk * D, v_elems = static_cast<size_t>(B) * t * Hv * D;
+  const size_t g_elems = static_cast<size_t>(B) * t * Hv, s_elems = x.h0.size();
+  auto* q = upload(slice(x.q, Hqk, D, lo, hi));
+  auto* k = upload(slice(x.k, Hqk, D, lo, hi));
+  auto* v = upload(slice(x.v, Hv, D, lo, hi));
+  auto* d_o = upload(slice(x.d_o, Hv, D, lo, hi));
+  auto* g = upload(slice(x.g, Hv, 1, lo, hi));
+  auto* beta = upload(slice(x.beta, Hv, 1, lo, hi));
+  auto* h0 = upload(vk ? transposed(x.h0) : x.h0);
+  auto* dht = upload(vk ? transposed(x.dht) : x.dht);
+  auto* o = nan_filled<__nv_bfloat16>(v_elems);
+  auto* final_state = nan_filled<float>(s_elems);
+  auto* dq = nan_filled<__nv_bfloat16>(qk_elems);
+  auto* dk = nan_filled<__nv_bfloat16>(qk_elems);
+  auto* dv = nan_filled<__nv_bfloat16>(v_elems);
+  auto* dg = nan_filled<float>(g_elems);
+  auto* dbeta = nan_filled<float>(g_elems);
+  auto* dh0 = nan_filled<float>(s_elems);
   flashgdn::ForwardProblem p;
   p.in.shape = {B, t, Hqk, Hv, D, D};
-  void* q = upload(slice(x.q, Hqk, D, lo, hi));
-  void* k = upload(slice(x.k, Hqk, D, lo, hi));
-  void* v = upload(slice(x.v, Hv, D, lo, hi));
-  void* g = upload(slice(x.g, Hv, 1, lo, hi));
-  void* beta = upload(slice(x.beta, Hv, 1, lo, hi));
-  void* h0 = upload(x.h0);
-  void* o = nullptr;
-  void* final_state = nullptr;
-  const size_t o_elems = static_cast<size_t>(B) * t * Hv * D, s_elems = x.h0.size();
-  CHECK_CUDA(cudaMalloc(&o, std::max<size_t>(o_elems, 1) * 2));
-  CHECK_CUDA(cudaMalloc(&final_state, s_elems * 4));
-  CHECK_CUDA(cudaMemset(o, 0xff, std::max<size_t>(o_elems, 1) * 2));  // NaN until written
-  CHECK_CUDA(cudaMemset(final_state, 0xff, s_elems * 4));
   p.in.q = ref(q, DType::kBF16, {B, t, Hqk, D});
   p.in.k = ref(k, DType::kBF16, {B, t, Hqk, D});
   p.in.v = ref(v, DType::kBF16, {B, t, Hv, D});
   p.in.g = ref(g, DType::kF32, {B, t, Hv});
   p.in.beta = ref(beta, DType::kF32, {B, t, Hv});
   p.in.initial_state = ref(h0, DType::kF32, {B, Hv, D, D});
+  p.in.state_layout = vk ? flashgdn::StateLayout::kVK : flashgdn::StateLayout::kKV;
   p.o = ref(o, DType::kBF16, {B, t, Hv, D});
   p.final_state = ref(final_state, DType::kF32, {B, Hv, D, D});
-  if (final_vk) {  // both states V-first: the initial state is uploaded transposed
-    std::vector<float> h0_vk(x.h0.size());
-    for (size_t s = 0; s < x.h0.size() / (D * D); ++s)
-      for (int i = 0; i < D; ++i)
-        for (int j = 0; j < D; ++j) h0_vk[(s * D + j) * D + i] = x.h0[(s * D + i) * D + j];
-    CHECK_CUDA(cudaMemcpy(h0, h0_vk.data(), h0_vk.size() * 4, cudaMemcpyHostToDevice));
-    p.in.state_layout = flashgdn::StateLayout::kVK;
-  }
+  flashgdn::BackwardProblem bp;
+  bp.in = p.in;
+  bp.d_o = ref(d_o, DType::kBF16, {B, t, Hv, D});
+  bp.d_final_state = ref(dht, DType::kF32, {B, Hv, D, D});
+  bp.dq = ref(dq, DType::kBF16, {B, t, Hqk, D});
+  bp.dk = ref(dk, DType::kBF16, {B, t, Hqk, D});
+  bp.dv = ref(dv, DType::kBF16, {B, t, Hv, D});
+  bp.dg = ref(dg, DType::kF32, {B, t, Hv});
+  bp.dbeta = ref(dbeta, DType::kF32, {B, t, Hv});
+  bp.d_initial_state = ref(dh0, DType::kF32, {B, Hv, D, D});
+  int world = 1;
+  if (comm != nullptr) ncclCommCount(comm, &world);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  size_t bytes = 0;
-  flashgdn::Status s = comm == nullptr ? flashgdn::forward_workspace_size(p, &bytes) : [&] {
-    int world = 0;
-    ncclCommCount(comm, &world);
-    return flashgdn::distributed::forward_workspace_size(p, world, &bytes);
-  }();
-  if (!s.ok()) { std::printf("workspace size: %s\n", s.message().c_str()); std::exit(1); }
+  size_t fwd_bytes = 0, bwd_bytes = 0;
+  check(comm == nullptr ? flashgdn::forward_workspace_size(p, &fwd_bytes)
+                        : flashgdn::distributed::forward_workspace_size(p, world, &fwd_bytes), "forward workspace");
+  check(comm == nullptr ? flashgdn::backward_workspace_size(bp, &bwd_bytes)
+                        : flashgdn::distributed::backward_workspace_size(bp, world, &bwd_bytes), "backward workspace");
+  const size_t bytes = std::max<size_t>(std::max(fwd_bytes, bwd_bytes), 1);
   void* ws = nullptr;
-  CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(bytes, 1)));
-  s = comm == nullptr ? flashgdn::forward(p, ws, bytes, stream) : flashgdn::distributed::forward(p, comm, ws, bytes, stream);
-  if (!s.ok()) { std::printf("forward: %s\n", s.message().c_str()); std::exit(1); }
+  CHECK_CUDA(cudaMalloc(&ws, bytes));
+  check(comm == nullptr ? flashgdn::forward(p, ws, bytes, stream) : flashgdn::distributed::forward(p, comm, ws, bytes, stream),
+        "forward");
+  check(comm == nullptr ? flashgdn::backward(bp, ws, bytes, stream)
+                        : flashgdn::distributed::backward(bp, comm, ws, bytes, stream),
+        "backward");
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  Outputs out{download(static_cast<__nv_bfloat16*>(o), o_elems), download(static_cast<float*>(final_state), s_elems)};
-  if (final_vk) {  // back to K-major for the comparison
-    std::vector<float> kv(out.final_state.size());
-    for (size_t st = 0; st < kv.size() / (D * D); ++st)
-      for (int i = 0; i < D; ++i)
-        for (int j = 0; j < D; ++j) kv[(st * D + i) * D + j] = out.final_state[(st * D + j) * D + i];
-    out.final_state = kv;
-  }
-  for (void* ptr : {q, k, v, g, beta, h0, o, final_state, ws}) cudaFree(ptr);
+  Outputs out;
+  out.o = download(o, v_elems);
+  out.dq = download(dq, qk_elems);
+  out.dk = download(dk, qk_elems);
+  out.dv = download(dv, v_elems);
+  out.dg = download(dg, g_elems);
+  out.dbeta = download(dbeta, g_elems);
+  out.final_state = download(final_state, s_elems);
+  out.dh0 = download(dh0, s_elems);
+  if (vk) out.final_state = transposed(out.final_state), out.dh0 = transposed(out.dh0);
+  for (void* ptr : std::initializer_list<void*>{q, k, v, d_o, g, beta, h0, dht, o, final_state, dq, dk, dv, dg, dbeta, dh0, ws})
+    cudaFree(ptr);
   cudaStreamDestroy(stream);
   return out;
 }
@@ -180,7 +227,7 @@ int main() {
   if (!have_sm90_device()) return kSkipped;
   cudaGetDeviceCount(&devices);
   if (devices < 2) {
-    std::printf("%d GPU: the sharded forward needs at least 2: skipped\n", devices);
+    std::printf("%d GPU: the sharded calls need at least 2: skipped\n", devices);
     return kSkipped;
   }
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast off (the machine's notes)
@@ -216,19 +263,38 @@ int main() {
         });
       for (auto& th : threads) th.join();
       for (auto c : comms) ncclCommDestroy(c);
-      std::vector<__nv_bfloat16> o;  // the slices back in token order per batch entry
-      for (int b = 0; b < B; ++b)
-        for (int r = 0; r < world; ++r) {
-          const size_t per_entry = static_cast<size_t>(bounds[r + 1] - bounds[r]) * Hv * D;
-          o.insert(o.end(), parts[r].o.begin() + b * per_entry, parts[r].o.begin() + (b + 1) * per_entry);
-        }
-      const double err_o = rel_l2(o, whole.o);
+      // Token tensors: the slices back in token order per batch entry ([B, t, heads, dim] each).
+      auto joined = [&](auto member, int heads, int dim) {
+        std::remove_reference_t<decltype(parts[0].*member)> all;
+        for (int b = 0; b < B; ++b)
+          for (int r = 0; r < world; ++r) {
+            const auto& part = parts[r].*member;
+            const size_t per_entry = static_cast<size_t>(bounds[r + 1] - bounds[r]) * heads * dim;
+            all.insert(all.end(), part.begin() + b * per_entry, part.begin() + (b + 1) * per_entry);
+          }
+        return all;
+      };
+      std::vector<float> dh0(whole.dh0.size(), 0.f);  // summed over the ranks (zeros but rank 0's)
       double err_s = 0;
-      for (int r = 0; r < world; ++r) err_s = std::max(err_s, rel_l2(parts[r].final_state, whole.final_state));
+      for (int r = 0; r < world; ++r) {
+        err_s = std::max(err_s, rel_l2(parts[r].final_state, whole.final_state));
+        for (size_t i = 0; i < dh0.size(); ++i) dh0[i] += parts[r].dh0[i];
+      }
+      const double errors[] = {rel_l2(joined(&Outputs::o, Hv, D), whole.o), err_s,
+                               rel_l2(joined(&Outputs::dq, Hqk, D), whole.dq), rel_l2(joined(&Outputs::dk, Hqk, D), whole.dk),
+                               rel_l2(joined(&Outputs::dv, Hv, D), whole.dv), rel_l2(joined(&Outputs::dg, Hv, 1), whole.dg),
+                               rel_l2(joined(&Outputs::dbeta, Hv, 1), whole.dbeta), rel_l2(dh0, whole.dh0)};
+      const char* names[] = {"o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
       std::printf("%d GPUs, cuts", world);
       for (int c : bounds) std::printf(" %d", c);
-      std::printf(", states %s: o %.2e, final state (worst rank) %.2e\n", vk ? "VK" : "KV", err_o, err_s);
-      if (!(err_o <= 1e-2 && err_s <= 1e-2)) ++failures;  // NaN (an unwritten element) fails too
+      std::printf(", states %s:", vk ? "VK" : "KV");
+      bool ok = true;
+      for (int i = 0; i < 8; ++i) {
+        std::printf(" %s %.2e", names[i], errors[i]);
+        ok = ok && errors[i] <= (i < 2 ? 1e-2 : 2e-2);  // NaN (an unwritten element) fails too
+      }
+      std::printf("\n");
+      if (!ok) ++failures;
     }
   }
   std::printf(failures ? "FAILED\n" : "OK\n");

@@ -408,6 +408,55 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   }
 }
 
+// (ranks, reverse) dS_world = dht, dS_j = D_j + M_j^T dS_{j+1} for j = world-1 .. rank+1 -> d_out
+// (dht itself when this rank holds the last slice). Same layout and protocol as the corrections.
+__global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(const ShardGradScanParams a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  constexpr int64_t kBlock = kHeadDim * kHeadDim;
+  const int steps = a.world - 1 - a.rank;
+  auto slot = [&](const float* base, int j, int64_t rows_per_rank, int64_t row) {
+    return base + ((static_cast<int64_t>(j) * rows_per_rank + row) * a.num_v_heads + h) * kBlock;
+  };
+  float* d_out = a.d_out + (n * a.num_v_heads + h) * kBlock;
+  const StateBlock dht = user_state(a.d_final_state, a.d_final_state_strides, a.state_vk, n, h);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float x = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
+    smem.s[1][k * kPitchS + c0 + i] = x;  // read by step 0
+    if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x;
+  }
+  // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
+  auto load_step = [&](int i, int buf) {
+    const int j = a.world - 1 - i;
+    load_correction_step(smem, buf, slot(a.reaching, j, a.num_seqs, n), slot(a.maps, j, 2 * a.num_seqs, a.num_seqs + n),
+                         true, col0);
+  };
+  if (steps > 0) load_step(0, 0);
+  for (int i = 0; i < steps; ++i) {
+    const int t = i & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (i + 1 < steps) load_step(i + 1, t ^ 1);
+    correction_step<true>(smem, t, true, i + 1 == steps ? d_out : nullptr, col0);
+  }
+}
+
+__global__ void state_store_kernel(const float* src, float* states, const int64_t s0, const int64_t s1,
+                                   const int64_t s2, const int64_t s3, bool vk) {
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const float* from = src == nullptr ? nullptr : src + (n * gridDim.y + h) * (kHeadDim * kHeadDim);
+  float* to = states + n * s0 + h * s1;
+  for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x) {
+    const int row = e / kHeadDim, col = e % kHeadDim;  // (k, v)
+    to[vk ? col * s2 + row * s3 : row * s2 + col * s3] = from == nullptr ? 0.f : from[e];
+  }
+}
+
 // A serial chain over the segments of each sequence (the corrections, the shard maps): grid
 // (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic shared memory.
 template <typename Params>
@@ -454,6 +503,25 @@ cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream
     return err;
   shard_scan_kernel<<<dim3(static_cast<unsigned>(params.num_seqs), params.num_v_heads, kHeadDim / kSliceCols),
                       kCorrectionThreads, smem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream) {
+  if (params.num_seqs == 0 || params.num_v_heads == 0) return cudaSuccess;
+  constexpr int smem = sizeof(CorrectionStorage);
+  if (auto err = cudaFuncSetAttribute(shard_grad_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess)
+    return err;
+  shard_grad_scan_kernel<<<dim3(static_cast<unsigned>(params.num_seqs), params.num_v_heads, kHeadDim / kSliceCols),
+                           kCorrectionThreads, smem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
+                               int64_t num_seqs, int num_v_heads, cudaStream_t stream) {
+  if (num_seqs == 0 || num_v_heads == 0 || states == nullptr) return cudaSuccess;
+  state_store_kernel<<<dim3(static_cast<unsigned>(num_seqs), num_v_heads), 256, 0, stream>>>(
+      src, states, strides[0], strides[1], strides[2], strides[3], vk);
   return cudaGetLastError();
 }
 

@@ -45,6 +45,12 @@ cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream);
 
 // Inter-GPU CP over NCCL: S_rank into entering and S_world into final_state (ShardScanParams).
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream);
+// ... and in reverse: the gradient leaving this rank's slice into d_out (ShardGradScanParams).
+cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream);
+// states[n][h] (fp32, user layout) = src[n][h] (fp32 [N][hv][128][128], K-major), or zeros when
+// src is null, for N sequences and num_v_heads heads.
+cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
+                               int64_t num_seqs, int num_v_heads, cudaStream_t stream);
 
 // Backward shard map (fwd.shard, after the dS* pass): per (sequence, v-head) D = dS_0 of the reverse
 // chain dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1}, into bp.shard_grad.

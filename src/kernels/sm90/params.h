@@ -106,6 +106,19 @@ struct ShardScanParams {
   bool state_vk = false;                // layout of initial_state and final_state
 };
 
+// The backward's scan over the ranks: dS_world = dht, dS_j = D_j + M_j^T dS_{j+1} for
+// j = world-1 .. rank+1 -> d_out, the gradient leaving this rank's slice.
+struct ShardGradScanParams {
+  const float* maps = nullptr;      // as ShardScanParams::maps (M_j used)
+  const float* reaching = nullptr;  // [world][N][hv][128][128]: rank j's D_j
+  int32_t world = 0, rank = 0, num_v_heads = 0;
+  int64_t num_seqs = 0;
+  const float* d_final_state = nullptr;  // optional, fp32, the user layout
+  int64_t d_final_state_strides[4] = {0, 0, 0, 0};
+  bool state_vk = false;
+  float* d_out = nullptr;                // [N][hv][128][128] fp32, K-major
+};
+
 // The backward reads the forward's inputs and workspace through `fwd` (the inverse in fp32).
 struct BackwardParams {
   ForwardParams fwd;
