@@ -1,8 +1,9 @@
 // flashgdn::distributed::forward and backward (include/flashgdn/distributed.h): the shard phases
 // of the public API around ncclAllGather and the device scans (kernels/sm90/cp_kernels.cu).
 //
-// Workspace: [the phases' workspace][maps of every rank, fp32 [world, 2 N, Hv, K, K] (this rank's
-//            written in place by phase 1)][entering state, fp32 [N, Hv, K, V]]
+// Forward workspace: [the phases' workspace][maps of every rank, fp32 [world, 2 N, Hv, K, K] (this
+//                    rank's written in place by phase 1)][entering state, fp32 [N, Hv, K, V]]
+// Backward workspace: see BackwardPlan.
 #include "flashgdn/distributed.h"
 
 #include <string>
