@@ -457,28 +457,29 @@ __global__ void state_store_kernel(const float* src, float* states, const int64_
   }
 }
 
-// A serial chain over the segments of each sequence (the corrections, the shard maps): grid
-// (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic shared memory.
+// A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
+// the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
+// shared memory.
 template <typename Params>
-cudaError_t launch_segment_chain(void (*kernel)(Params), const Params& params, const ForwardParams& p, int roles,
-                                 cudaStream_t stream) {
-  if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
+cudaError_t launch_segment_chain(void (*kernel)(Params), const Params& params, int64_t num_seqs, int num_v_heads,
+                                 int roles, cudaStream_t stream) {
+  if (num_seqs == 0 || num_v_heads == 0) return cudaSuccess;
   constexpr int smem = sizeof(CorrectionStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads, roles * kHeadDim / kSliceCols), kCorrectionThreads,
-           smem, stream>>>(params);
+  kernel<<<dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kSliceCols), kCorrectionThreads, smem,
+           stream>>>(params);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
-  return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.fwd, 1, stream);
+  return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
-  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.fwd, 1, stream);
+  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 template <ElemKind E>
@@ -492,29 +493,15 @@ template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, in
 template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
-  return launch_segment_chain(cp_shard_maps_kernel, p, p, 2, stream);  // roles E and M
+  return launch_segment_chain(cp_shard_maps_kernel, p, p.num_seqs, p.num_v_heads, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {
-  if (params.num_seqs == 0 || params.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(shard_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  shard_scan_kernel<<<dim3(static_cast<unsigned>(params.num_seqs), params.num_v_heads, kHeadDim / kSliceCols),
-                      kCorrectionThreads, smem, stream>>>(params);
-  return cudaGetLastError();
+  return launch_segment_chain(shard_scan_kernel, params, params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream) {
-  if (params.num_seqs == 0 || params.num_v_heads == 0) return cudaSuccess;
-  constexpr int smem = sizeof(CorrectionStorage);
-  if (auto err = cudaFuncSetAttribute(shard_grad_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  shard_grad_scan_kernel<<<dim3(static_cast<unsigned>(params.num_seqs), params.num_v_heads, kHeadDim / kSliceCols),
-                           kCorrectionThreads, smem, stream>>>(params);
-  return cudaGetLastError();
+  return launch_segment_chain(shard_grad_scan_kernel, params, params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
@@ -526,7 +513,7 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
 }
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
-  return launch_segment_chain(cp_correction_kernel, p, p, 1, stream);
+  return launch_segment_chain(cp_correction_kernel, p, p.num_seqs, p.num_v_heads, 1, stream);
 }
 
 }  // namespace flashgdn::kern
