@@ -20,7 +20,6 @@ import datetime
 import os
 import pathlib
 import socket
-import statistics
 import sys
 
 import torch
@@ -32,7 +31,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 import flashgdn  # noqa: E402
 import flashgdn.distributed  # noqa: E402
-from flashgdn.bench.timing import git_commit  # noqa: E402
+from flashgdn.bench.timing import git_commit, median_events  # noqa: E402
 
 # (mode, Hqk, Hv, tokens in all for strong / per GPU for weak)
 CONFIGS = [("strong", 2, 8, 1 << 20), ("strong", 16, 64, 1 << 18), ("weak", 2, 8, 1 << 18), ("weak", 16, 64, 1 << 18)]
@@ -51,17 +50,7 @@ def shard_inputs(tokens, hqk, hv, rank, device):
 def median_ms(fn, replays):
     for _ in range(2):
         fn()
-    times = []
-    for _ in range(replays):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_events(fn, replays, before=lambda: (dist.barrier(), torch.cuda.synchronize()))
 
 
 def worker(rank, world, port, replays, out_path):

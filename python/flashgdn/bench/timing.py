@@ -15,9 +15,13 @@ import subprocess
 import torch
 
 
-def _median_events(run, replays: int) -> float:
+def median_events(run, replays: int, before=None) -> float:
+    """Median over `replays` calls of run() timed with CUDA events (ms); before(), when given, runs
+    untimed ahead of each call (e.g. a barrier across ranks)."""
     times = []
     for _ in range(replays):
+        if before is not None:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         run()
@@ -48,7 +52,7 @@ def time_graph(fn, replays: int = 30, warmup: int = 2) -> float:
     graph, _ = capture_graph(fn, warmup)
     graph.replay()
     try:
-        return _median_events(graph.replay, replays)
+        return median_events(graph.replay, replays)
     finally:
         del graph
 
@@ -58,7 +62,7 @@ def time_events(fn, replays: int = 30, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    return _median_events(fn, replays)
+    return median_events(fn, replays)
 
 
 def time_call(fn, replays: int = 30, warmup: int = 2) -> tuple[float, str]:
