@@ -271,7 +271,7 @@ def shard_grad_f64(x, do, cu_seqlens=None):
     backward_into(None, None, None, None, None, None, *xs, do.double().cpu(), None, None,
                   None if cu_seqlens is None else cu_seqlens.cpu().long(), x["q"].shape[-1] ** -0.5, shard_phase=1,
                   shard_grad=reaching)
-    return reaching
+    return reaching.to(x["q"].device)
 
 
 @pytest.mark.parametrize("regime", ["zero", "strong", "mixed"])
