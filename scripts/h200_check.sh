@@ -100,8 +100,9 @@ if [ "$MODE" = dist ]; then
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest tests/gpu/test_distributed.py tests/gpu/test_cp.py -k shard \
     -q -rfEs -s >"$OUT/pytest_dist.log" 2>&1
   note "distributed tests rc=$?: $(tail -1 "$OUT/pytest_dist.log")"
-  ctest --test-dir build -R distributed_nccl --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
-  note "C++ NCCL entry point (gpu_unit.distributed_nccl) rc=$?: $(grep -E "GPUs|OK|FAILED|skipped|No tests" "$OUT/ctest_nccl.log" | tr '\n' ' ' | cut -c1-300)"
+  ctest --test-dir build -R distributed_nccl -V >"$OUT/ctest_nccl.log" 2>&1
+  note "C++ NCCL entry point (gpu_unit.distributed_nccl) rc=$?: $(grep -cE "GPUs, cuts" "$OUT/ctest_nccl.log") cases, $(grep -E "GPU:| OK$|FAILED|No tests" "$OUT/ctest_nccl.log" | tr '\n' ' ')"
+  grep -E "GPUs, cuts" "$OUT/ctest_nccl.log" | cut -c1-200 | head -12
   grep -E "ranks on|shard maps|SKIPPED|FAILED|Error" "$OUT/pytest_dist.log" | head -30
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/distributed_scaling.py --out "$OUT" >"$OUT/scaling.log" 2>&1
   note "distributed scaling rc=$?"
