@@ -31,6 +31,16 @@ OUT=${OUT:-/tmp/flashgdn_out}
 mkdir -p "$OUT"
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
+# The device tool brings back at most 8 files: past 8, everything but the CSV/JSON records goes
+# into one logs.tar.gz (unpack with tar xzf).
+pack_logs() {
+  local rest
+  rest=$(cd "$OUT" && ls | grep -vE '\.(csv|json)$|^logs\.tar\.gz$')
+  if [ "$(ls "$OUT" | wc -l)" -gt 8 ] && [ -n "$rest" ]; then
+    (cd "$OUT" && tar czf logs.tar.gz $rest && rm -rf $rest)
+  fi
+}
+trap pack_logs EXIT
 
 if [ -d .whl ]; then
   scripts/install_anchors.sh && [ -f "${ANCHOR_SITE:-/tmp/site}/env.sh" ] && . "${ANCHOR_SITE:-/tmp/site}/env.sh"
