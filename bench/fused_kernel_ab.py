@@ -1,4 +1,5 @@
-"""A/B timing of the fused forward kernels (mma.sync with its V split, wgmma, warp-specialized wgmma) on the same
+"""A/B timing of the fused forward kernels (mma.sync with its V split, wgmma, warp-specialized wgmma v3 and
+v4 with the state in registers) on the same
 inputs: whole forward call by CUDA-graph replay (median), CP off and CP automatic, and the
 per-chunk step time of the fused kernel's serial chain without CP (call time / chunks per CTA wave).
 
@@ -25,7 +26,7 @@ from flashgdn.ops import forward_into  # noqa: E402
 # (lengths, Hqk, Hv): rows of the forward table from one long sequence to full waves
 CONFIGS = [([32768], 2, 8), ([32768], 16, 32), ([8192], 16, 32), ([8192] * 4, 16, 32), ([8192] * 8, 8, 32),
            ([2048] * 16, 16, 32), ([32768], 16, 16)]
-KERNELS = {"mma.sync": 1, "wgmma": 2, "ws": 3}
+KERNELS = {"mma.sync": 1, "wgmma": 2, "ws": 3, "rs": 4}
 AUTO, OFF = 0, 1
 
 

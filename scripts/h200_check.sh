@@ -186,7 +186,8 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  kernel_times "4x8192 16 32" "4x8192 16 32 ws" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws"
+  kernel_times "4x8192 16 32" "4x8192 16 32 ws" "4x8192 16 32 rs" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws" \
+    "1x32768 2 8 cp rs"
 fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)

@@ -160,7 +160,8 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     context parallelism). context_parallel: 0 auto, 1 off, 2 on (cp_segment_chunks: segment length in
     64-token chunks, 0 = the planner's). inverse_fp32, v_split (0 automatic, 1 or 2: CTAs per
     (sequence, v-head) of the mma.sync fused kernel) and kernel (0 automatic: wgmma unless v_split is
-    pinned, 1 mma.sync, 2 wgmma, 3 warp-specialized wgmma) pin kernel variants for measurements and
+    pinned, 1 mma.sync, 2 wgmma, 3 warp-specialized wgmma, 4 warp-specialized with the state in
+    registers) pin kernel variants for measurements and
     tests.
 
     State pools (serving): with initial_state_indices (int32 [N] on the device) initial_state is a
@@ -205,10 +206,10 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
         return None
     if v_split not in (0, 1, 2):
         raise ValueError(f"v_split: must be 0 (automatic), 1 or 2, got {v_split}")
-    if kernel not in (0, 1, 2, 3):
-        raise ValueError(f"kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma) or 3 (warp-specialized), "
-                         f"got {kernel}")
-    if kernel in (2, 3) and v_split == 2:
+    if kernel not in (0, 1, 2, 3, 4):
+        raise ValueError(f"kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized) or "
+                         f"4 (register state), got {kernel}")
+    if kernel in (2, 3, 4) and v_split == 2:
         raise ValueError("v_split: the wgmma kernels have no V split (v_split 0 or 1)")
     variant = int(inverse_fp32) | (int(v_split) << 1) | (int(kernel) << 3)
     nbytes = ctypes.c_size_t(0)

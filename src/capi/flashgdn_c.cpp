@@ -128,7 +128,7 @@ int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* 
   detail::ForwardVariant v;
   v.inverse = (variant & 1) ? kern::InverseKind::kF32 : detail::kDefaultInverse;
   v.v_split = (variant >> 1) & 3;
-  v.kernel = static_cast<detail::FusedKernel>((variant >> 3) & 3);
+  v.kernel = static_cast<detail::FusedKernel>((variant >> 3) & 7);
   return report(detail::forward_with(p, v, workspace, workspace_bytes, cuda_stream), msg, msg_len);
 #else
   (void)variant;

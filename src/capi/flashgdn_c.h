@@ -59,9 +59,9 @@ const char* flashgdn_version(void);
 int flashgdn_has_kernels(void);
 
 /* variant (for measurements and tests; 0 = the defaults): bit 0 stores the gate-free inverse in fp32
- * instead of bf16; bits 1-2 pin the mma.sync fused kernel's V split (0 automatic, 1 or 2); bits 3-4 pick
+ * instead of bf16; bits 1-2 pin the mma.sync fused kernel's V split (0 automatic, 1 or 2); bits 3-5 pick
  * the fused kernel (0 automatic: wgmma unless a V split is pinned, 1 mma.sync, 2 wgmma, 3 warp-specialized
- * wgmma). */
+ * wgmma, 4 warp-specialized with the state in registers). */
 int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                     int variant, size_t* bytes, char* msg, int msg_len);
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,

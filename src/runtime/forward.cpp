@@ -133,11 +133,13 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel,
                              CpStages stages) {
+  const bool specialized = kernel == FusedKernel::kWarpSpecialized || kernel == FusedKernel::kRegisterState;
   p.warp_specialized = kernel == FusedKernel::kWarpSpecialized && chunk_states == nullptr;
-  p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kWarpSpecialized && !p.warp_specialized) ||
+  p.register_state = kernel == FusedKernel::kRegisterState && chunk_states == nullptr;
+  p.wgmma = kernel == FusedKernel::kWgmma || (specialized && chunk_states != nullptr) ||
             (kernel == FusedKernel::kAuto && forced_v_split == 0);
   auto split = [&](int64_t items) {
-    return p.wgmma || p.warp_specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
+    return p.wgmma || specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
   if (p.cp_pass != kern::kNoCp) {
     if (stages != CpStages::kFinish) {
@@ -210,10 +212,12 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (variant.v_split < 0 || variant.v_split > 2)
     return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
   if (variant.kernel != FusedKernel::kAuto && variant.kernel != FusedKernel::kMmaSync &&
-      variant.kernel != FusedKernel::kWgmma && variant.kernel != FusedKernel::kWarpSpecialized)
+      variant.kernel != FusedKernel::kWgmma && variant.kernel != FusedKernel::kWarpSpecialized &&
+      variant.kernel != FusedKernel::kRegisterState)
     return {StatusCode::kInvalidArgument,
-            "kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma) or 3 (warp-specialized)"};
-  if ((variant.kernel == FusedKernel::kWgmma || variant.kernel == FusedKernel::kWarpSpecialized) &&
+            "kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized) or 4 (register state)"};
+  if ((variant.kernel == FusedKernel::kWgmma || variant.kernel == FusedKernel::kWarpSpecialized ||
+       variant.kernel == FusedKernel::kRegisterState) &&
       variant.v_split == 2)
     return {StatusCode::kInvalidArgument, "v_split: the wgmma kernels have no V split (v_split 0 or 1)"};
   const kern::InverseKind inverse = variant.inverse;

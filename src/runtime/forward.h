@@ -48,9 +48,9 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
                unsigned char* workspace, cudaStream_t stream);
 // Which fused forward kernel runs: kAuto = the wgmma kernel (fused_forward_wg.cuh) unless a V
 // split is forced; kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one;
-// kWarpSpecialized = fused_forward_ws.cuh (not for passes that write chunk_states: those run the
-// wgmma kernel).
-enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3 };
+// kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (neither for passes
+// that write chunk_states: those run the wgmma kernel).
+enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3, kRegisterState = 4 };
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
 // (ShardPhase::kMaps); up to the state pass (the backward's kMaps); from the correction on

@@ -1,6 +1,6 @@
-// GPU unit test of the wgmma primitives (src/kernels/sm90/wgmma.cuh): D[64,128] = A[64,128] @
-// B[128,128] through eight m64n128k16 steps, for every operand-major combination with A from shared
-// memory (SS) and with A from registers (RS), against a host GEMM of the same bf16 values.
+// GPU unit test of the wgmma primitives (src/kernels/sm90/wgmma.cuh): D[64,N] = A[64,128] @
+// B[128,N] through eight m64nNk16 steps (N 128 and 64), for every operand-major combination with A
+// from shared memory (SS) and with A from registers (RS), against a host GEMM of the same bf16 values.
 // Exit codes: 0 all pass, 1 a mismatch (each variant's error is printed), 77 no sm_90 GPU (ctest
 // reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
@@ -16,12 +16,12 @@ using flashgdn::kern::Stored;
 using flashgdn::kern::wg::Major;
 namespace wg = flashgdn::kern::wg;
 
-constexpr int M = 64, N = 128, K = 128;
+constexpr int M = 64, K = 128;
 constexpr int kPlainPitch = K + 8;
-constexpr int kATileBytes = M * K * 2, kBTileBytes = K * N * 2;
+constexpr int kATileBytes = M * K * 2, kBTileBytes = K * 128 * 2;  // B: room for N = 128
 constexpr int kSmem = kATileBytes + kBTileBytes + M * kPlainPitch * 2;
 
-template <Major kMajorA, Major kMajorB, bool kRegisterA>
+template <int N, Major kMajorA, Major kMajorB, bool kRegisterA>
 __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d_out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* a_tile = smem;
@@ -43,9 +43,9 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
   wg::fence_shared_to_async();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float d[64];
+  float d[N / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
   wg::fence_operand(d);
   wg::fence();
 #pragma unroll
@@ -55,16 +55,19 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
       uint32_t frag[4];
       flashgdn::kern::load_a<Stored::kRowMajor>(frag, a_plain, kPlainPitch, 16 * warp, k0);
       wg::fence();  // the A fragment registers were just written
-      wg::mma_64x128x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
+      if constexpr (N == 128)
+        wg::mma_64x128x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
+      else
+        wg::mma_64x64x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
     } else {
-      wg::mma_64x128x16_ss<kMajorA, kMajorB>(d, wg::descriptor<kMajorA>(a_tile, k0, a_rows), desc_b, k0 > 0);
+      wg::mma_ss<__nv_bfloat16, N, kMajorA, kMajorB>(d, wg::descriptor<kMajorA>(a_tile, k0, a_rows), desc_b, k0 > 0);
     }
   }
   wg::commit();
   wg::wait<0>();
   wg::fence_operand(d);
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * warp + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + e % 2;
@@ -72,9 +75,9 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
     }
 }
 
-template <Major kMajorA, Major kMajorB, bool kRegisterA>
+template <int N, Major kMajorA, Major kMajorB, bool kRegisterA>
 bool run(const char* name, const Bf16Gemm& gemm) {
-  auto* kernel = gemm_kernel<kMajorA, kMajorB, kRegisterA>;
+  auto* kernel = gemm_kernel<N, kMajorA, kMajorB, kRegisterA>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   gemm.poison();
   kernel<<<1, 128, kSmem>>>(gemm.a, gemm.b, gemm.d);
@@ -85,13 +88,16 @@ bool run(const char* name, const Bf16Gemm& gemm) {
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  const Bf16Gemm gemm(M, N, K, 1234);
+  const Bf16Gemm gemm(M, 128, K, 1234), narrow(M, 64, K, 4321);
   bool ok = true;
-  ok &= run<Major::kK, Major::kK, false>("SS A K-major, B K-major", gemm);
-  ok &= run<Major::kK, Major::kMN, false>("SS A K-major, B N-major", gemm);
-  ok &= run<Major::kMN, Major::kK, false>("SS A M-major, B K-major", gemm);
-  ok &= run<Major::kMN, Major::kMN, false>("SS A M-major, B N-major", gemm);
-  ok &= run<Major::kK, Major::kK, true>("RS B K-major", gemm);
-  ok &= run<Major::kK, Major::kMN, true>("RS B N-major", gemm);
+  ok &= run<128, Major::kK, Major::kK, false>("SS A K-major, B K-major", gemm);
+  ok &= run<128, Major::kK, Major::kMN, false>("SS A K-major, B N-major", gemm);
+  ok &= run<128, Major::kMN, Major::kK, false>("SS A M-major, B K-major", gemm);
+  ok &= run<128, Major::kMN, Major::kMN, false>("SS A M-major, B N-major", gemm);
+  ok &= run<128, Major::kK, Major::kK, true>("RS B K-major", gemm);
+  ok &= run<128, Major::kK, Major::kMN, true>("RS B N-major", gemm);
+  ok &= run<64, Major::kMN, Major::kK, false>("n64 SS A M-major, B K-major", narrow);
+  ok &= run<64, Major::kK, Major::kK, true>("n64 RS B K-major", narrow);
+  ok &= run<64, Major::kK, Major::kMN, true>("n64 RS B N-major", narrow);
   return ok ? 0 : 1;
 }

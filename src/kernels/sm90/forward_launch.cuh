@@ -5,6 +5,7 @@
 #include "kernels/sm90/chunk_inverse.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_forward.cuh"
+#include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/fused_forward_ws.cuh"
 #include "kernels/sm90/launch.h"
@@ -48,6 +49,8 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
   using Elem = ElemType<E>;
   using InverseT = InverseType<I>;
+  if (p.register_state)
+    return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1, stream);
   if (p.warp_specialized)
     return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, p, items, 1, stream);
   if (p.wgmma)

@@ -134,7 +134,10 @@ struct FusedForwardWs {
       }
   }
 
-  static __device__ __forceinline__ void run_aux(const ForwardParams& p, SharedStorage& s, bool with_o, int hk, int h) {
+  // Storage: this kernel's SharedStorage or another with the same slot, gate and barrier members
+  // (fused_forward_rs.cuh runs this aux group too).
+  template <typename Storage>
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, Storage& s, bool with_o, int hk, int h) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int64_t b = item.batch;

@@ -57,6 +57,7 @@ struct ForwardParams {
                                      // each with 128 / v_split value columns of the state
   bool wgmma = false;                // fused forward: the wgmma kernel (fused_forward_wg.cuh, v_split 1)
   bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
+  bool register_state = false;       // fused forward: the register-state kernel (fused_forward_rs.cuh)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.

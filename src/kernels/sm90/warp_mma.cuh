@@ -39,6 +39,14 @@ __device__ __forceinline__ void stmatrix_x4(void* row_ptr, const uint32_t (&r)[4
                : "memory");
 }
 
+// stmatrix_x4 with each matrix transposed: lane L's address is row L % 8 of stored matrix L / 8,
+// which receives column L % 8 of the register fragments (a tile stored as its transpose).
+__device__ __forceinline__ void stmatrix_x4_trans(void* row_ptr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row_ptr)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {

@@ -154,6 +154,27 @@ __device__ __forceinline__ void mma_64x128x16_rs(float (&d)[64], const uint32_t 
 #undef FLASHGDN_WG_RS
 }
 
+// d[32] (+)= A[64,16] @ B[16,64], A from registers as in mma_64x128x16_rs.
+template <Major kMajorB, typename Elem = __nv_bfloat16>
+__device__ __forceinline__ void mma_64x64x16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                bool accumulate) {
+  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
+  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
+#define FLASHGDN_WG_RS(TYPES)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                             \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " FLASHGDN_WG_ACC32_LIST             \
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                          \
+               : FLASHGDN_WG_ACC32_OPERANDS                                                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), \
+                 "n"(kTransB))
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    FLASHGDN_WG_RS("bf16.bf16");
+  } else {
+    FLASHGDN_WG_RS("f16.f16");
+  }
+#undef FLASHGDN_WG_RS
+}
+
 #undef FLASHGDN_WG_ACC4
 #undef FLASHGDN_WG_ACC32_OPERANDS
 #undef FLASHGDN_WG_ACC64_OPERANDS

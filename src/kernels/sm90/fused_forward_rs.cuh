@@ -1,0 +1,257 @@
+// Fused chunked forward with the state in registers (v4, sm_90a; FusedKernel::kRegisterState):
+// the work items, outputs and checkpoints of fused_forward_ws.cuh and its aux warpgroup, with the
+// state groups working on S^T, so that the state and Vd feed their wgmmas as register A operands
+// and never pass through shared memory.
+//
+// Math (fused_forward_ws.cuh, transposed; S [K, V], rows of S^T are value columns):
+//   Vd^T [64v, 64t] = V^T Ag^T + S^T (-W~)^T
+//   O^T  [64v, 64t] = scale ((S^T Q^T) diag(Gamma) + Vd^T P^T)
+//   S^T' [64v, 128] = e^gamma S^T + (Vd^T diag(rho)) K
+// An m64nN fp32 accumulator converts to the A fragments of an RS wgmma in place (element pairs
+// 8 ks + 2 q, + 1 are register q of k-step ks: the m16n8k16 A layout), so S^T and Vd^T go from one
+// product to the next without shared memory, fences between proxies or barriers.
+//
+// Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's aux group unchanged: per
+//         chunk c into slot c % 2 once chunk c - 2 released it: K, Q, V, the gates, P, Ag, -W~;
+//         arrives on ready[c % 2].
+//   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
+//         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
+//         its bf16 A fragments. Per chunk c, after ready[c % 2]:
+//           Vd^T [64,64] = V^T[64,64] @ Ag^T (SS, 4 x m64n64k16; V's panel g as M-major A)
+//                        + S^T[64,128] @ (-W~)^T (RS, 8)
+//           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)                 -- chunk c-1's o leaves
+//                                                                       o[(c-1) % 2] under these
+//           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
+//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B)
+//           O^T += Vd^T @ P^T (RS, 4; o only)
+//           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
+//           checkpoint; group barrier (o written before the next chunk's copy)
+// Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256).
+// Named barriers: 1 the aux group, 2 + g state group g.
+// Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
+#pragma once
+
+#include "kernels/sm90/fused_forward_ws.cuh"
+
+namespace flashgdn::kern {
+
+template <typename Elem, typename InverseT>
+struct FusedForwardRs {
+  using Aux = FusedForwardWs<Elem, InverseT>;
+  using Tiles = FusedForwardWg<Elem, InverseT>;  // accumulator coordinates, o copy
+  using Slot = typename Aux::Slot;
+  static constexpr int kThreads = 384;
+  static constexpr int kAuxRegisters = 128, kStateRegisters = 192;
+  static_assert(kAuxRegisters + 2 * kStateRegisters <= 512, "64K registers over 3 x 128 threads");
+  static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;
+  static constexpr int kPanelBytes = Tiles::kPanelBytes;
+  using Major = wg::Major;
+  using Acc = float[32];         // m64n64 accumulator
+  using StateAcc = float[64];    // m64n128 accumulator: S^T rows 64 g .., all 128 key columns
+  using Fragments = uint32_t[4];  // A of one k-step
+
+  struct SharedStorage {
+    Slot slot[2];
+    alignas(1024) unsigned char o[2][kTokenTileBytes];
+    alignas(16) float gcum[2][kChunk];
+    alignas(16) float beta[2][kChunk];
+    alignas(8) uint64_t ready[2];
+    alignas(8) uint64_t free[2];
+  };
+  static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
+  static __device__ __forceinline__ void group_sync(int barrier) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+  }
+
+  // Element 4 j + e of S^T's accumulator is S[k][v], k = acc_col(j, e), v = col0 + acc_row(e).
+  static __device__ void load_initial_state(const WorkItem& item, int col0, StateAcc& st) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = Tiles::acc_col(j, e), v = col0 + Tiles::acc_row(e);
+        st[4 * j + e] = item.initial_identity       ? (k == v ? 1.f : 0.f)
+                        : item.initial.base == nullptr ? 0.f
+                                                       : item.initial.load(k, v);
+      }
+  }
+  static __device__ void store_state(const StateBlock& out, int col0, const StateAcc& st) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out.store(Tiles::acc_col(j, e), col0 + Tiles::acc_row(e), st[4 * j + e]);
+  }
+  static __device__ void store_checkpoint(const ForwardParams& p, const WorkItem& item, int64_t c, int rows, int h,
+                                          int col0, const StateAcc& st) {
+    if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0)
+      store_state(checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h), col0,
+                  st);
+  }
+
+  // An accumulator's N columns as the A fragments of N / 16 k-steps (bf16 pairs, in place).
+  template <int kSteps>
+  static __device__ __forceinline__ void to_fragments(const float (&acc)[8 * kSteps], Fragments (&frag)[kSteps]) {
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) frag[ks][q] = pack_pair<Elem>(acc[8 * ks + 2 * q], acc[8 * ks + 2 * q + 1]);
+  }
+
+  // An m64n64 accumulator [64 rows, 64 columns] -> a panel with rows = its columns (stmatrix.trans:
+  // matrix (row half m % 2, column block j + m / 2) lands as 8 rows of 8 consecutive elements).
+  template <typename F>
+  static __device__ __forceinline__ void store_transposed(unsigned char* panel, F&& value) {
+    const int lane = threadIdx.x % 32, m = lane / 8, band = 16 * ((threadIdx.x / 32) % 4);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) {
+        const int jj = j + mm / 2, e = 2 * (mm % 2);
+        regs[mm] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
+      }
+      stmatrix_x4_trans(panel + wg::swizzled_offset(8 * (j + m / 2) + lane % 8, band + 8 * (m % 2)), regs);
+    }
+  }
+
+  // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
+  template <bool kWithO>
+  static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int64_t b = item.batch;
+    const int col0 = 64 * group, barrier = 2 + group;
+    const int c_lane = 2 * (threadIdx.x % 4);
+
+    StateAcc st;
+    load_initial_state(item, col0, st);
+    Fragments st_frag[8];
+    to_fragments<8>(st, st_frag);
+
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = static_cast<int>(c & 1);
+      const Slot& slot = s.slot[buf];
+      const int64_t t0 = item.bos + c * kChunk;
+      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+
+      // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
+      Acc vd, o;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kK>(vd, wg::descriptor<Major::kMN>(slot.v + group * kPanelBytes, k0, kChunk),
+                                                    wg::descriptor<Major::kK>(slot.ag, k0, kChunk), k0 > 0);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        wg::mma_64x64x16_rs<Major::kK, Elem>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
+                                             true);
+      if constexpr (kWithO) {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+          wg::mma_64x64x16_rs<Major::kK, Elem>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
+                                               ks > 0);
+      }
+      wg::commit();
+      if (kWithO && c > 0)  // chunk c-1 was full
+        Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
+
+      // The gates of this thread's accumulator columns (tokens 16 ks + 8 half + c_lane, + 1):
+      // g_col[4 ks + 2 half + t]; column 8 j + c_lane + t of an m64n64 accumulator is g_col[2 j + t].
+      const float* gcum = s.gcum[buf];
+      float g_col[16];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 pair = *reinterpret_cast<const float2*>(gcum + 8 * i + c_lane);
+        g_col[2 * i] = pair.x, g_col[2 * i + 1] = pair.y;
+      }
+      const float gamma = gcum[kChunk - 1];
+      wg::wait<0>();
+      wg::fence_operand(vd);
+      wg::fence_operand(o);
+
+      // (rho Vd)^T and Vd^T as A fragments; S^T *= e^gamma; QS^T columns *= Gamma.
+      Fragments vd_decayed[4], vd_plain[4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int x = 8 * ks + 2 * q, g = 4 * ks + 2 * (q / 2);
+          vd_decayed[ks][q] = pack_pair<Elem>(exp2_approx(gamma - g_col[g]) * vd[x],
+                                              exp2_approx(gamma - g_col[g + 1]) * vd[x + 1]);
+          if constexpr (kWithO) vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+        }
+      const float decay = exp2_approx(gamma);
+#pragma unroll
+      for (int x = 0; x < 64; ++x) st[x] *= decay;
+      if constexpr (kWithO) {
+#pragma unroll
+        for (int x = 0; x < 32; ++x) o[x] *= exp2_approx(g_col[2 * (x / 4) + x % 2]);
+      }
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_64x128x16_rs<Major::kMN, Elem>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
+                                               true);
+      if constexpr (kWithO) {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_64x64x16_rs<Major::kK, Elem>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
+                                               true);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(st);
+      wg::fence_operand(o);
+      tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
+
+      to_fragments<8>(st, st_frag);
+      if constexpr (kWithO) store_transposed(s.o[buf] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
+      const int64_t left = item.eos - t0;
+      store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
+      if constexpr (kWithO) group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
+    }
+    if (kWithO && num_chunks > 0) {  // the last chunk's o
+      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
+      Tiles::copy_out(p, s.o[last & 1] + group * kPanelBytes, b, t0, left < kChunk ? static_cast<int>(left) : kChunk,
+                      h, col0);
+    }
+    // The work item again (pure): not kept in registers across the loop.
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      store_state(final, col0, st);
+  }
+
+  static __device__ void run(const ForwardParams& p) {
+    extern __shared__ __align__(1024) unsigned char smem_rs[];
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_rs);
+    const int h = blockIdx.y;
+    const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
+    if (!item.valid) return;
+    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
+    __syncthreads();
+    // Passes without o (the CP state pass) skip Q: its loads, QS, Q K^T, P and P Vd.
+    const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
+    // Warpgroup index made visibly warp-uniform (see fused_forward_wg.cuh).
+    const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    if (role == 0) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kAuxRegisters));
+      Aux::run_aux(p, s, with_o, h / (p.num_v_heads / p.num_qk_heads), h);
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kStateRegisters));
+      if (with_o)
+        run_state<true>(p, s, h, role - 1);
+      else
+        run_state<false>(p, s, h, role - 1);
+    }
+  }
+};
+
+template <typename Elem, typename InverseT>
+__global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p) {
+  FusedForwardRs<Elem, InverseT>::run(p);
+}
+
+}  // namespace flashgdn::kern
