@@ -220,6 +220,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
        variant.kernel == FusedKernel::kRegisterState) &&
       variant.v_split == 2)
     return {StatusCode::kInvalidArgument, "v_split: the wgmma kernels have no V split (v_split 0 or 1)"};
+  if (variant.kernel == FusedKernel::kRegisterState && variant.inverse == kern::InverseKind::kF32)
+    return {StatusCode::kInvalidArgument, "kernel: 4 (register state) takes the bf16 inverse only (inverse_fp32 off)"};
   const kern::InverseKind inverse = variant.inverse;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);

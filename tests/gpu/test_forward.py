@@ -223,6 +223,9 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
         assert gap_o <= 1e-2 and gap_s <= 1e-2
     with pytest.raises(ValueError, match="kernel"):
         forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, kernel=5)
+    with pytest.raises(ValueError, match="bf16 inverse"):
+        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, inverse_fp32=True,
+                     kernel=4)
     for kernel in (2, 3, 4):
         with pytest.raises(ValueError, match="v_split"):
             forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, v_split=2,

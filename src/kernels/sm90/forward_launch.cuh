@@ -2,6 +2,8 @@
 // src/kernels/sm90/instantiations/.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/sm90/chunk_inverse.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_forward.cuh"
@@ -49,8 +51,13 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
   using Elem = ElemType<E>;
   using InverseT = InverseType<I>;
-  if (p.register_state)
-    return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1, stream);
+  if (p.register_state) {  // bf16 inverse only (runtime/forward.cpp refuses the fp32 one)
+    if constexpr (std::is_same_v<InverseT, float>)
+      return cudaErrorInvalidValue;
+    else
+      return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1,
+                                                             stream);
+  }
   if (p.warp_specialized)
     return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, p, items, 1, stream);
   if (p.wgmma)

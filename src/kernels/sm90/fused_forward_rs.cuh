@@ -20,11 +20,11 @@
 //         its bf16 A fragments. Per chunk c, after ready[c % 2]:
 //           Vd^T [64,64] = V^T[64,64] @ Ag^T (SS, 4 x m64n64k16; V's panel g as M-major A)
 //                        + S^T[64,128] @ (-W~)^T (RS, 8)
-//           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)                 -- chunk c-1's o leaves
-//                                                                       o[(c-1) % 2] under these
+//           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
 //           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
 //           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B)
-//           O^T += Vd^T @ P^T (RS, 4; o only)
+//           O^T += Vd^T @ P^T (RS, 4; o only)                          -- chunk c-1's o leaves
+//                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
@@ -43,8 +43,13 @@ struct FusedForwardRs {
   using Tiles = FusedForwardWg<Elem, InverseT>;  // accumulator coordinates, o copy
   using Slot = typename Aux::Slot;
   static constexpr int kThreads = 384;
-  static constexpr int kAuxRegisters = 128, kStateRegisters = 192;
-  static_assert(kAuxRegisters + 2 * kStateRegisters <= 512, "64K registers over 3 x 128 threads");
+  // 184 state registers spill S^T's fragments (64 + 32 + 2 x 32 pinned by the first wgmmas, plus
+  // addresses); the aux group fits in 120 with the bf16 inverse only (the launcher refuses fp32).
+  static constexpr int kAuxRegisters = 120, kStateRegisters = 192;
+  static_assert(!std::is_same_v<InverseT, float>, "the aux group spills in 120 registers with an fp32 inverse");
+  // setmaxnreg moves registers within the CTA's launch allocation, 168 per thread (64K over 384
+  // threads, rounded down to 8): a state group asking for more than the aux group gave up waits forever.
+  static_assert(kAuxRegisters + 2 * kStateRegisters <= 3 * 168, "more than the CTA's registers");
   static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;
   static constexpr int kPanelBytes = Tiles::kPanelBytes;
   using Major = wg::Major;
@@ -156,41 +161,37 @@ struct FusedForwardRs {
                                                ks > 0);
       }
       wg::commit();
-      if (kWithO && c > 0)  // chunk c-1 was full
-        Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
-
-      // The gates of this thread's accumulator columns (tokens 16 ks + 8 half + c_lane, + 1):
-      // g_col[4 ks + 2 half + t]; column 8 j + c_lane + t of an m64n64 accumulator is g_col[2 j + t].
-      const float* gcum = s.gcum[buf];
-      float g_col[16];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 pair = *reinterpret_cast<const float2*>(gcum + 8 * i + c_lane);
-        g_col[2 * i] = pair.x, g_col[2 * i + 1] = pair.y;
-      }
-      const float gamma = gcum[kChunk - 1];
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(o);
 
-      // (rho Vd)^T and Vd^T as A fragments; S^T *= e^gamma; QS^T columns *= Gamma.
+      // (rho Vd)^T and Vd^T as A fragments, QS^T columns *= Gamma, S^T *= e^gamma. Vd^T and QS^T
+      // share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is column (token) 16 ks + 8 (q / 2)
+      // + c_lane (+ 1). The gates are read only now: the wgmmas above pin S^T's fragments, and
+      // these 16 registers would not fit beside them.
+      const float* gcum = s.gcum[buf];
+      const float gamma = gcum[kChunk - 1];
       Fragments vd_decayed[4], vd_plain[4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int x = 8 * ks + 2 * q, g = 4 * ks + 2 * (q / 2);
-          vd_decayed[ks][q] = pack_pair<Elem>(exp2_approx(gamma - g_col[g]) * vd[x],
-                                              exp2_approx(gamma - g_col[g + 1]) * vd[x + 1]);
-          if constexpr (kWithO) vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+        for (int half = 0; half < 2; ++half) {
+          const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
+          const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
+#pragma unroll
+          for (int q = 2 * half; q < 2 * half + 2; ++q) {
+            const int x = 8 * ks + 2 * q;
+            vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
+            if constexpr (kWithO) {
+              vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+              o[x] *= exp2_approx(g.x);
+              o[x + 1] *= exp2_approx(g.y);
+            }
+          }
         }
       const float decay = exp2_approx(gamma);
 #pragma unroll
       for (int x = 0; x < 64; ++x) st[x] *= decay;
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int x = 0; x < 32; ++x) o[x] *= exp2_approx(g_col[2 * (x / 4) + x % 2]);
-      }
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
@@ -203,6 +204,9 @@ struct FusedForwardRs {
                                                true);
       }
       wg::commit();
+      // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
+      // fit in the registers beside S^T's pinned fragments).
+      if (kWithO && c > 0) Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
       wg::wait<0>();
       wg::fence_operand(st);
       wg::fence_operand(o);
