@@ -15,7 +15,7 @@
 //         from HBM straight into registers in the wgmma A-fragment layout; then
 //           P   [64,64]  = G (.) (Q @ K^T)                SS wgmma, 8 x m64n64k16    -> slot.p
 //           Ag  [64,64]  = G (.) A_r (.) 1 beta^T          registers, stmatrix        -> slot.ag
-//           -W~ [64,128] = -(B~ @ K)                       RS wgmma, 4 x m64n128k16   -> slot.w_neg
+//           -W~ [64,128] = (-B~) @ K                       RS wgmma, 4 x m64n128k16   -> slot.w_neg
 //         and arrives on ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg 184): value columns n = 64 g .. 64 g + 63 of
 //         S, in fp32 registers for the whole item with a bf16 copy in panel g of `state`. Per chunk
@@ -162,8 +162,15 @@ struct FusedForwardWs {
       wg::fence_shared_to_async();  // the landed tiles, for the wgmmas below
       group_sync(kAuxBarrier);      // ... and every thread's tiles and the gates, for the whole group
       const float* gcum = s.gcum[buf];
-      const float* beta = s.beta[buf];
       const float g_rows[2] = {gcum[r], gcum[r + 8]};
+      // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
+      // index 2 j (+ 1).
+      float g_col[16], beta_col[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
+        g_col[2 * j] = g.x, g_col[2 * j + 1] = g.y;
+      }
 
       if (with_o) {  // P = G (.) Q K^T, lower triangle with diagonal
         Acc qk;
@@ -177,29 +184,37 @@ struct FusedForwardWs {
         wg::fence_operand(qk);
         Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
           const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-          return row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * qk[4 * j + e] : 0.f;
+          return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
         });
       }
 
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 be = *reinterpret_cast<const float2*>(s.beta[buf] + 8 * j + c_lane);
+        beta_col[2 * j] = be.x, beta_col[2 * j + 1] = be.y;
+      }
       // Ag (accumulator element (j, e) is fragment register q = e / 2 + 2 (j % 2) of k-step j / 2).
       Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
         const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
         const float2 pair = to_float2(a_r[j / 2][e / 2 + 2 * (j % 2)]);
         const float x = e % 2 == 0 ? pair.x : pair.y;
-        return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - gcum[col]) * x * beta[col] : 0.f;
+        const int at = 2 * j + e % 2;
+        return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
       });
 
-      // -W~ = -(B~ K), B~ = Gamma A_r diag(beta) as register A fragments.
+      // -W~ = (-B~) K, -B~ = -Gamma A_r diag(beta) as register A fragments (the sign here: the
+      // product needs no negation pass).
       uint32_t b_tilde[4][4];
-      const float row_decay[2] = {r < rows ? exp2_approx(g_rows[0]) : 0.f, r + 8 < rows ? exp2_approx(g_rows[1]) : 0.f};
+      const float row_decay[2] = {r < rows ? -exp2_approx(g_rows[0]) : 0.f,
+                                  r + 8 < rows ? -exp2_approx(g_rows[1]) : 0.f};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2);
+          const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2), at = 4 * ks + 2 * (q / 2);
           const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
-          b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta[col] : 0.f,
-                                           col + 1 <= row ? row_decay[q % 2] * pair.y * beta[col + 1] : 0.f);
+          b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
+                                           col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
         }
       float w[64];
       wg::fence();  // the fragment registers were just written
@@ -213,7 +228,7 @@ struct FusedForwardWs {
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel)
         Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0,
-                               [&](int j, int e) { return -w[4 * (8 * panel + j) + e]; });
+                               [&](int j, int e) { return w[4 * (8 * panel + j) + e]; });
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
     }
