@@ -55,10 +55,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
       uint32_t frag[4];
       flashgdn::kern::load_a<Stored::kRowMajor>(frag, a_plain, kPlainPitch, 16 * warp, k0);
       wg::fence();  // the A fragment registers were just written
-      if constexpr (N == 128)
-        wg::mma_64x128x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
-      else
-        wg::mma_64x64x16_rs<kMajorB>(d, frag, desc_b, k0 > 0);
+      wg::mma_rs<__nv_bfloat16, N, kMajorB>(d, frag, desc_b, k0 > 0);
     } else {
       wg::mma_ss<__nv_bfloat16, N, kMajorA, kMajorB>(d, wg::descriptor<kMajorA>(a_tile, k0, a_rows), desc_b, k0 > 0);
     }

@@ -152,12 +152,12 @@ struct FusedForwardRs {
                                                     wg::descriptor<Major::kK>(slot.ag, k0, kChunk), k0 > 0);
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
-        wg::mma_64x64x16_rs<Major::kK, Elem>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
+        wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
                                              true);
       if constexpr (kWithO) {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
-          wg::mma_64x64x16_rs<Major::kK, Elem>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
+          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
                                                ks > 0);
       }
       wg::commit();
@@ -195,12 +195,12 @@ struct FusedForwardRs {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_64x128x16_rs<Major::kMN, Elem>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
+        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
                                                true);
       if constexpr (kWithO) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          wg::mma_64x64x16_rs<Major::kK, Elem>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
+          wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
                                                true);
       }
       wg::commit();
@@ -231,25 +231,14 @@ struct FusedForwardRs {
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(1024) unsigned char smem_rs[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_rs);
-    const int h = blockIdx.y;
-    const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
-    if (!item.valid) return;
-    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
-    __syncthreads();
-    // Passes without o (the CP state pass) skip Q: its loads, QS, Q K^T, P and P Vd.
-    const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
-    // Warpgroup index made visibly warp-uniform (see fused_forward_wg.cuh).
-    const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-    if (role == 0) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kAuxRegisters));
-      Aux::run_aux(p, s, with_o, h / (p.num_v_heads / p.num_qk_heads), h);
-    } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kStateRegisters));
-      if (with_o)
-        run_state<true>(p, s, h, role - 1);
-      else
-        run_state<false>(p, s, h, role - 1);
-    }
+    run_roles<kAuxRegisters, kStateRegisters>(
+        p, s, [&](bool with_o, int hk, int h) { Aux::run_aux(p, s, with_o, hk, h); },
+        [&](bool with_o, int h, int group) {
+          if (with_o)
+            run_state<true>(p, s, h, group);
+          else
+            run_state<false>(p, s, h, group);
+        });
   }
 };
 

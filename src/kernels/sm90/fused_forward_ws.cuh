@@ -41,6 +41,28 @@
 
 namespace flashgdn::kern {
 
+// The entry of the warp-specialized forwards (v3 here, v4 in fused_forward_rs.cuh): the ring's
+// barriers, then warpgroup 0 gives registers up to kAux and runs aux(with_o, hk, h), warpgroups 1
+// and 2 take kState and run state(with_o, h, group). with_o: the pass writes o (not the CP state
+// pass); it and the role are made visibly warp-uniform (see fused_forward_wg.cuh).
+template <int kAux, int kState, typename Storage, typename Aux, typename State>
+__device__ __forceinline__ void run_roles(const ForwardParams& p, Storage& s, Aux&& aux, State&& state) {
+  const int h = blockIdx.y;
+  const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
+  if (!item.valid) return;
+  if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
+  __syncthreads();
+  const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kAux));
+    aux(with_o, h / (p.num_v_heads / p.num_qk_heads), h);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kState));
+    state(with_o, h, role - 1);
+  }
+}
+
 template <typename Elem, typename InverseT>
 struct FusedForwardWs {
   using Tiles = FusedForwardWg<Elem, InverseT>;  // accumulator coordinates, stmatrix epilogues, o copy
@@ -220,7 +242,7 @@ struct FusedForwardWs {
       wg::fence();  // the fragment registers were just written
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_64x128x16_rs<Major::kMN, Elem>(w, b_tilde[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
+        wg::mma_rs<Elem, 128, Major::kMN>(w, b_tilde[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
                                                ks > 0);
       wg::commit();
       wg::wait<0>();
@@ -335,22 +357,9 @@ struct FusedForwardWs {
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(1024) unsigned char smem_ws[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_ws);
-    const int h = blockIdx.y;
-    const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
-    if (!item.valid) return;
-    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
-    __syncthreads();
-    // Passes without o (the CP state pass) skip Q: its loads, QS, Q K^T, P and P Vd.
-    const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
-    // Warpgroup index made visibly warp-uniform (see fused_forward_wg.cuh).
-    const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-    if (role == 0) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kAuxRegisters));
-      run_aux(p, s, with_o, h / (p.num_v_heads / p.num_qk_heads), h);
-    } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kStateRegisters));
-      run_state(p, s, with_o, h, role - 1);
-    }
+    run_roles<kAuxRegisters, kStateRegisters>(
+        p, s, [&](bool with_o, int hk, int h) { run_aux(p, s, with_o, hk, h); },
+        [&](bool with_o, int h, int group) { run_state(p, s, with_o, h, group); });
   }
 };
 

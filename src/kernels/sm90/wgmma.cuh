@@ -126,53 +126,35 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
   }
 }
 
-// d[64] (+)= A[64,16] @ B[16,128], both from shared memory (bf16). accumulate == false: d = A @ B.
-template <Major kMajorA, Major kMajorB>
-__device__ __forceinline__ void mma_64x128x16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  mma_ss<__nv_bfloat16, 128, kMajorA, kMajorB>(d, desc_a, desc_b, accumulate);
-}
-
-// d[64] (+)= A[64,16] @ B[16,128] with A from registers (Elem x2, the mma.sync m16k16 A fragment
-// of each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16.
-template <Major kMajorB, typename Elem = __nv_bfloat16>
-__device__ __forceinline__ void mma_64x128x16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                 bool accumulate) {
-  constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
-  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
-#define FLASHGDN_WG_RS(TYPES)                                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                             \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " " FLASHGDN_WG_ACC64_LIST            \
-               ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                          \
-               : FLASHGDN_WG_ACC64_OPERANDS                                                            \
+// One RS wgmma (A from registers): A, DESC, PRED, TRANS the operand numbers after the accumulators.
+#define FLASHGDN_WG_RS(SHAPE_TYPES, LIST, OPERANDS, A, DESC, PRED, TRANS)                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " LIST ", " A ", " DESC ", p, 1, 1, " TRANS ";\n}\n" \
+               : OPERANDS                                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), \
                  "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    FLASHGDN_WG_RS("bf16.bf16");
-  } else {
-    FLASHGDN_WG_RS("f16.f16");
-  }
-#undef FLASHGDN_WG_RS
-}
 
-// d[32] (+)= A[64,16] @ B[16,64], A from registers as in mma_64x128x16_rs.
-template <Major kMajorB, typename Elem = __nv_bfloat16>
-__device__ __forceinline__ void mma_64x64x16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                bool accumulate) {
+// d[N/2] (+)= A[64,16] @ B[16,N] with A from registers (Elem x2, the mma.sync m16k16 A fragment of
+// each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 64 or 128.
+template <typename Elem, int N, Major kMajorB>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+  constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
+  static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
   constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
-  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
-#define FLASHGDN_WG_RS(TYPES)                                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                             \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " FLASHGDN_WG_ACC32_LIST             \
-               ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                          \
-               : FLASHGDN_WG_ACC32_OPERANDS                                                            \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), \
-                 "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    FLASHGDN_WG_RS("bf16.bf16");
+  if constexpr (N == 128 && kBF16) {
+    FLASHGDN_WG_RS("m64n128k16.f32.bf16.bf16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS,
+                   "{%64, %65, %66, %67}", "%68", "%69", "%70");
+  } else if constexpr (N == 128) {
+    FLASHGDN_WG_RS("m64n128k16.f32.f16.f16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS,
+                   "{%64, %65, %66, %67}", "%68", "%69", "%70");
+  } else if constexpr (kBF16) {
+    FLASHGDN_WG_RS("m64n64k16.f32.bf16.bf16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS,
+                   "{%32, %33, %34, %35}", "%36", "%37", "%38");
   } else {
-    FLASHGDN_WG_RS("f16.f16");
+    FLASHGDN_WG_RS("m64n64k16.f32.f16.f16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS,
+                   "{%32, %33, %34, %35}", "%36", "%37", "%38");
   }
-#undef FLASHGDN_WG_RS
 }
 
 #undef FLASHGDN_WG_ACC4
@@ -181,5 +163,6 @@ __device__ __forceinline__ void mma_64x64x16_rs(float (&d)[32], const uint32_t (
 #undef FLASHGDN_WG_ACC32_LIST
 #undef FLASHGDN_WG_ACC64_LIST
 #undef FLASHGDN_WG_SS
+#undef FLASHGDN_WG_RS
 
 }  // namespace flashgdn::kern::wg
