@@ -42,6 +42,9 @@ target_compile_options(flashgdn PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:${FLASHGDN_CUDA_FLAGS}>
   $<$<COMPILE_LANGUAGE:CXX>:${FLASHGDN_WARNINGS}>)
 target_compile_definitions(flashgdn PUBLIC FLASHGDN_WITH_KERNELS=1)
+if(FLASHGDN_TIMELINE)
+  target_compile_definitions(flashgdn PRIVATE FLASHGDN_TIMELINE=1)
+endif()
 set_target_properties(flashgdn PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
 
 # Inter-GPU CP over NCCL (include/flashgdn/distributed.h): built where nccl.h and libnccl are found

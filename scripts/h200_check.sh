@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One H200 call: build with all cores, CPU tests, SASS/resource checks, GPU tests, benchmark.
 # Logs go to $OUT (the device tool brings them back); a short summary is printed last.
-#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|stage|dist]
+#   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|timeline|stage|dist]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
 #     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
 #     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
 #     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
-#     $BENCH_ARGS: one CSV, plots and log); stage: install the anchor wheels staged so far and stop
+#     $BENCH_ARGS: one CSV, plots and log); timeline: a FLASHGDN_TIMELINE build in build-timeline and
+#     bench/timeline.py (phase cycles of the warp-specialized forwards); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
 #     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
 #   env: PYTEST_ARGS (default tests/gpu), PYTEST_TIMEOUT (seconds, default 420), PYTEST_SMOKE (a
@@ -75,6 +76,20 @@ profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config 
     rm -f "$OUT/$name.ncu-rep" "$OUT/ncu_${name}_source.csv"
   done
 }
+
+if [ "$MODE" = timeline ]; then  # a measurement build (FLASHGDN_TIMELINE) and bench/timeline.py only
+  start=$(date +%s)
+  cmake -S . -B build-timeline -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_TIMELINE=ON -DFLASHGDN_BUILD_TESTS=OFF \
+    >"$OUT/build.log" 2>&1 && cmake --build build-timeline -j "$(nproc)" --target flashgdn_c >>"$OUT/build.log" 2>&1
+  note "timeline build rc=$? in $(( $(date +%s) - start )) s"
+  FLASHGDN_LIBRARY=$PWD/build-timeline/libflashgdn_c.so PYTHONPATH=$PWD/python timeout 300 python3 bench/timeline.py \
+    --out "$OUT" >"$OUT/timeline.log" 2>&1
+  note "timeline rc=$?"
+  tail -n 12 "$OUT/timeline.log"
+  echo "================ summary"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
 
 # NCCL for flashgdn_distributed (cmake/cuda.cmake): the CUDA toolkit's, else torch's nvidia-nccl wheel
 if [ -z "${NCCL_HOME:-}" ]; then

@@ -93,10 +93,11 @@ def _load():
     lib.flashgdn_backward.argtypes = [P(Inputs), P(BackwardTensors), ctypes.c_void_p, ctypes.c_size_t,
                                       ctypes.c_void_p] + msg
     lib.flashgdn_reference_forward.argtypes = [P(Inputs), P(ForwardOutputs)] + msg
+    lib.flashgdn_set_timeline.argtypes = [ctypes.c_void_p] + msg
     lib.flashgdn_reference_backward.argtypes = [P(Inputs), P(BackwardTensors)] + msg
     for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward, lib.flashgdn_backward_workspace_size,
                lib.flashgdn_backward,
-               lib.flashgdn_reference_forward, lib.flashgdn_reference_backward):
+               lib.flashgdn_reference_forward, lib.flashgdn_reference_backward, lib.flashgdn_set_timeline):
         fn.restype = ctypes.c_int
     return lib
 

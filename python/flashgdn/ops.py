@@ -223,6 +223,19 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     return workspace
 
 
+TIMELINE_SHAPE = (2, 128, 8)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
+
+
+def set_timeline(buffer: Optional[torch.Tensor]) -> None:
+    """Measurement builds (-DFLASHGDN_TIMELINE=ON) only: later forward_into calls with kernel 3 or 4
+    write clock64() at the phase boundaries of their CTA (0, 0, 0) into buffer (int64 cuda,
+    TIMELINE_SHAPE, contiguous; None: stop). Other builds raise NotSupportedError."""
+    if buffer is not None and (buffer.dtype != torch.int64 or not buffer.is_cuda or
+                               tuple(buffer.shape) != TIMELINE_SHAPE or not buffer.is_contiguous()):
+        raise ValueError(f"timeline: an int64 cuda tensor of shape {TIMELINE_SHAPE}, contiguous")
+    _lib.check(_lib.lib.flashgdn_set_timeline, None if buffer is None else ctypes.c_void_p(buffer.data_ptr()))
+
+
 @chunk_gated_delta_rule_fwd.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
       state_v_first, cu_seqlens_cpu=None, inverse_fp32=False, context_parallel=0, cp_segment_chunks=0,

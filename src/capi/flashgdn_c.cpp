@@ -105,6 +105,15 @@ int flashgdn_has_kernels(void) {
 #endif
 }
 
+int flashgdn_set_timeline(void* device_buffer, char* msg, int msg_len) {
+#ifdef FLASHGDN_WITH_KERNELS
+  return report(detail::set_timeline(device_buffer), msg, msg_len);
+#else
+  (void)device_buffer;
+  return report({StatusCode::kNotBuilt, "timeline: flashgdn was built without CUDA kernels"}, msg, msg_len);
+#endif
+}
+
 int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                     int variant, size_t* bytes, char* msg, int msg_len) {
   if (in == nullptr || out == nullptr) return report(null_argument("problem"), msg, msg_len);

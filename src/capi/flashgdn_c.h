@@ -58,6 +58,12 @@ const char* flashgdn_version(void);
 /* 1 when this build has the SM90 kernels. */
 int flashgdn_has_kernels(void);
 
+/* Measurement builds (-DFLASHGDN_TIMELINE=ON) only: the device buffer, uint64 [2][128][8], into which
+ * the warp-specialized forwards (variant kernel 3 or 4) of later flashgdn_forward calls write the
+ * clock64() of their phase boundaries (src/kernels/sm90/timeline.cuh; bench/timeline.py reads it);
+ * NULL: none. Other builds return 2 (not supported). */
+int flashgdn_set_timeline(void* device_buffer, char* msg, int msg_len);
+
 /* variant (for measurements and tests; 0 = the defaults): bit 0 stores the gate-free inverse in fp32
  * instead of bf16; bits 1-2 pin the mma.sync fused kernel's V split (0 automatic, 1 or 2); bits 3-5 pick
  * the fused kernel (0 automatic: wgmma unless a V split is pinned, 1 mma.sync, 2 wgmma, 3 warp-specialized

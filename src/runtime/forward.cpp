@@ -27,6 +27,8 @@ namespace detail {
 
 namespace {
 
+unsigned long long* g_timeline = nullptr;  // set_timeline (FLASHGDN_TIMELINE builds)
+
 // Tokens of every sequence when the host knows them (batch mode, or a host copy of cu_seqlens).
 std::optional<std::vector<int64_t>> host_lengths(const Inputs& in) {
   if (!in.varlen.present()) return std::vector<int64_t>(static_cast<std::size_t>(in.shape.batch), in.shape.seqlen);
@@ -230,6 +232,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::ForwardParams p;
   if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p); !s.ok()) return s;
+  p.timeline = g_timeline;
   p.o = problem.o.data;
   p.o_strides = row_strides(problem.o);
   p.final_state = problem.final_state.data;
@@ -276,6 +279,16 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (problem.in.varlen.present())
     return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};
+}
+
+Status set_timeline(void* device_buffer) {
+#ifdef FLASHGDN_TIMELINE
+  g_timeline = static_cast<unsigned long long*>(device_buffer);
+  return {};
+#else
+  (void)device_buffer;
+  return {StatusCode::kNotSupported, "timeline: this build has no timeline (configure with -DFLASHGDN_TIMELINE=ON)"};
+#endif
 }
 
 }  // namespace detail

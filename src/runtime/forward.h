@@ -92,4 +92,9 @@ struct ForwardVariant {
 Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant, void* workspace,
                     std::size_t workspace_bytes, cudaStream_t stream);
 
+// FLASHGDN_TIMELINE builds: the device buffer, uint64 [2][kern::kTimelineChunks][kern::kTimelineEvents]
+// (kernels/sm90/timeline.cuh), that forward_with's warp-specialized kernels record into from now on
+// (null: none). Other builds: kNotSupported.
+Status set_timeline(void* device_buffer);
+
 }  // namespace flashgdn::detail

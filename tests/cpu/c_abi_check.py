@@ -1,6 +1,7 @@
 """The ctypes layer of the Python package (python/flashgdn/_lib.py) against the C ABI, without
 torch: a small varlen problem in float64 through flashgdn_reference_forward, compared with a
-pure-Python token recurrence, and an invalid argument reported with its name. Catches any drift
+pure-Python token recurrence, an invalid argument reported with its name, and the measurement-only
+timeline refused. Catches any drift
 between the ctypes struct mirrors and src/capi/flashgdn_c.h. Run by ctest with FLASHGDN_LIBRARY
 pointing at the built libflashgdn_c.so."""
 
@@ -113,6 +114,15 @@ def main():
         assert "v" in error.message or "num_v_heads" in error.message, error.message
     else:
         raise AssertionError("an invalid problem was accepted")
+
+    # The timeline exists only in measurement builds (-DFLASHGDN_TIMELINE=ON): here it is refused,
+    # with the reason (not supported with kernels, not built without).
+    try:
+        _lib.check(_lib.lib.flashgdn_set_timeline, None)
+    except _lib.FlashGDNError as error:
+        assert error.code in (2, 3) and "timeline" in error.message, error.message
+    else:
+        raise AssertionError("flashgdn_set_timeline accepted a buffer in a build without the timeline")
     print(f"c_abi_check: ok (max abs difference {worst:.2e}); flashgdn {_lib.lib.flashgdn_version().decode()}")
 
 

@@ -141,7 +141,9 @@ struct FusedForwardRs {
       const int buf = static_cast<int>(c & 1);
       const Slot& slot = s.slot[buf];
       const int64_t t0 = item.bos + c * kChunk;
+      timeline_mark(p, 1, c, 0);
       tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 1, c, 1);
 
       // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
       Acc vd, o;
@@ -153,17 +155,18 @@ struct FusedForwardRs {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
-                                             true);
+                                        true);
       if constexpr (kWithO) {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
-                                               ks > 0);
+                                          ks > 0);
       }
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(o);
+      timeline_mark(p, 1, c, 2);
 
       // (rho Vd)^T and Vd^T as A fragments, QS^T columns *= Gamma, S^T *= e^gamma. Vd^T and QS^T
       // share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is column (token) 16 ks + 8 (q / 2)
@@ -196,20 +199,22 @@ struct FusedForwardRs {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
-                                               true);
+                                          true);
       if constexpr (kWithO) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
-                                               true);
+                                          true);
       }
       wg::commit();
       // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
       // fit in the registers beside S^T's pinned fragments).
+      timeline_mark(p, 1, c, 3);
       if (kWithO && c > 0) Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
       wg::wait<0>();
       wg::fence_operand(st);
       wg::fence_operand(o);
+      timeline_mark(p, 1, c, 4);
       tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
 
       to_fragments<8>(st, st_frag);
@@ -217,6 +222,7 @@ struct FusedForwardRs {
       const int64_t left = item.eos - t0;
       store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
       if constexpr (kWithO) group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
+      timeline_mark(p, 1, c, 5);
     }
     if (kWithO && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;

@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "kernels/sm90/fused_forward_wg.cuh"
+#include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 
 namespace flashgdn::kern {
@@ -171,7 +172,9 @@ struct FusedForwardWs {
       Slot& slot = s.slot[buf];
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(item, c);
+      timeline_mark(p, 0, c, 0);
       if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
+      timeline_mark(p, 0, c, 1);
       // One memory round trip per chunk for the tiles, the gates and A_r together (the slot cannot
       // be refilled before the state groups finish chunk c-2).
       load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
@@ -180,9 +183,11 @@ struct FusedForwardWs {
       InversePair a_r[4][4];
       load_inverse_fragment(p, a_r, b, t0, rows, h);
       cp_async_wait<0>();
+      timeline_mark(p, 0, c, 2);
       if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
       wg::fence_shared_to_async();  // the landed tiles, for the wgmmas below
       group_sync(kAuxBarrier);      // ... and every thread's tiles and the gates, for the whole group
+      timeline_mark(p, 0, c, 3);
       const float* gcum = s.gcum[buf];
       const float g_rows[2] = {gcum[r], gcum[r + 8]};
       // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
@@ -209,6 +214,7 @@ struct FusedForwardWs {
           return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
         });
       }
+      timeline_mark(p, 0, c, 4);
 
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -223,6 +229,7 @@ struct FusedForwardWs {
         const int at = 2 * j + e % 2;
         return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
       });
+      timeline_mark(p, 0, c, 5);
 
       // -W~ = (-B~) K, -B~ = -Gamma A_r diag(beta) as register A fragments (the sign here: the
       // product needs no negation pass).
@@ -243,16 +250,18 @@ struct FusedForwardWs {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 128, Major::kMN>(w, b_tilde[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
-                                               ks > 0);
+                                          ks > 0);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(w);
+      timeline_mark(p, 0, c, 6);
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel)
         Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0,
                                [&](int j, int e) { return w[4 * (8 * panel + j) + e]; });
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
+      timeline_mark(p, 0, c, 7);
     }
   }
 
@@ -287,7 +296,9 @@ struct FusedForwardWs {
       const Slot& slot = s.slot[buf];
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(item, c);
+      timeline_mark(p, 1, c, 0);
       tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 1, c, 1);
       const float* gcum = s.gcum[buf];
 
       // Vd = Ag V + (-W~) S and QS, this group's columns.
@@ -313,6 +324,7 @@ struct FusedForwardWs {
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(qs);
+      timeline_mark(p, 1, c, 2);
       group_sync(barrier);  // the copy's reads of the Vd panel, before Vd overwrites it
 
       const float gamma = gcum[kChunk - 1];
@@ -332,10 +344,12 @@ struct FusedForwardWs {
 
       // O = Gamma QS + P Vd; S = e^gamma S + K^T (rho Vd).
       Tiles::issue_output_and_update(state, qs, gamma, with_o, slot.p, slot.k, vd_panel, vd_decayed_panel);
+      timeline_mark(p, 1, c, 3);
       wg::wait<0>();
       wg::fence_operand(state[0]);
       wg::fence_operand(state[1]);
       wg::fence_operand(qs);
+      timeline_mark(p, 1, c, 4);
       tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
 
       if (with_o)  // o into the Vd panel (P Vd has read it); copied out under the next chunk's wgmmas
@@ -344,6 +358,7 @@ struct FusedForwardWs {
       Tiles::store_checkpoint(p, item, c, rows, h, col0, state);
       wg::fence_shared_to_async();  // S for the next chunk's wgmmas
       group_sync(barrier);          // ... and o, for the copy
+      timeline_mark(p, 1, c, 5);
     }
     if (with_o && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1;

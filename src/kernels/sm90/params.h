@@ -59,6 +59,9 @@ struct ForwardParams {
   bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
   bool register_state = false;       // fused forward: the register-state kernel (fused_forward_rs.cuh)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
+  // FLASHGDN_TIMELINE builds only (kernels/sm90/timeline.cuh): clock64() at the phase boundaries of
+  // the warp-specialized forwards' CTA (0, 0, 0); null: not recorded.
+  unsigned long long* timeline = nullptr;
   // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.
   void* chunk_states = nullptr;

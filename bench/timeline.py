@@ -1,0 +1,75 @@
+"""Where the chunk step of the warp-specialized forwards goes, from the timeline of a measurement
+build (cmake -DFLASHGDN_TIMELINE=ON; src/kernels/sm90/timeline.cuh): one forward per configuration
+and kernel (3 and 4, no CP), then per phase the median cycles over chunks 8..127 of CTA (0, 0, 0),
+for the aux group and state group 0, and the chunk step.
+
+    FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import pathlib
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("flashgdn") is None:
+    sys.path.insert(0, str(ROOT / "python"))
+from flashgdn.bench.inputs import make_inputs  # noqa: E402
+from flashgdn.bench.timing import git_commit  # noqa: E402
+from flashgdn.ops import TIMELINE_SHAPE, forward_into, set_timeline  # noqa: E402
+
+CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32)]
+KERNELS = {"ws": 3, "rs": 4}
+# Phases: (name, from event, to event) of each role (timeline.cuh).
+AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles", 1, 2), ("gates, barrier", 2, 3),
+       ("Q K^T, P", 3, 4), ("Ag", 4, 5), ("-B~, -W~", 5, 6), ("store -W~, ready", 6, 7)]
+STATE = [("wait ready", 0, 1), ("Vd (+QS)", 1, 2), ("Vd epilogue, issue update", 2, 3), ("update (+P Vd)", 3, 4),
+         ("epilogue, o, barrier", 4, 5)]
+FIRST = 8  # skip the pipeline's start
+
+
+def phases(row, table):
+    """Median cycles of each phase over the recorded chunks, and the step (top to next top)."""
+    chunks = [c for c in range(FIRST, TIMELINE_SHAPE[1] - 1) if row[c, 0] > 0 and row[c + 1, 0] > 0]
+    out = {name: statistics.median(int(row[c, b] - row[c, a]) for c in chunks) for name, a, b in table}
+    out["chunk step"] = statistics.median(int(row[c + 1, 0] - row[c, 0]) for c in chunks)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    path = pathlib.Path(args.out) / f"{datetime.date.today()}_timeline_{git_commit()}.csv"
+    lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
+    buffer = torch.zeros(TIMELINE_SHAPE, dtype=torch.int64, device="cuda")
+    set_timeline(buffer)
+    for lengths, hqk, hv in CONFIGS:
+        inp = make_inputs(lengths, hqk, hv)
+        x = inp["x"]
+        label = f"{len(lengths)}x{lengths[0]}"
+        for name, kernel in KERNELS.items():
+            buffer.zero_()
+            forward_into(torch.empty_like(x["v"]), None, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                         x["initial_state"], inp["cu"], 128 ** -0.5, False, False, False, inp["cu_cpu"], 1,
+                         kernel=kernel)
+            torch.cuda.synchronize()
+            data = buffer.cpu()
+            for role, table in (("aux", AUX), ("state", STATE)):
+                result = phases(data[0 if role == "aux" else 1], table)
+                print(f"{label} ({hqk},{hv}) {name} {role}: " +
+                      ", ".join(f"{phase} {cycles:.0f}" for phase, cycles in result.items()), flush=True)
+                lines += [f"{label},{hqk},{hv},{name},{role},{phase},{cycles:.0f}" for phase, cycles in result.items()]
+    set_timeline(None)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

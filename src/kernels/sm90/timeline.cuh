@@ -1,0 +1,27 @@
+// Debug timeline of the warp-specialized forwards (fused_forward_ws.cuh, fused_forward_rs.cuh), in
+// builds configured with -DFLASHGDN_TIMELINE=ON only (elsewhere timeline_mark compiles to nothing):
+// thread 0 of the aux warpgroup (role 0) and of state group 0 (role 1) of CTA (0, 0, 0) write
+// clock64() at the phase boundaries of chunks 0 .. kTimelineChunks - 1 into ForwardParams::timeline,
+// uint64 [2 roles][kTimelineChunks][kTimelineEvents] (unwritten entries keep what the caller put
+// there). Events, aux: 0 top, 1 slot free, 2 tiles landed, 3 gates shared, 4 P stored, 5 Ag stored,
+// 6 -W~ waited, 7 ready; state: 0 top, 1 ready seen, 2 Vd (and QS) waited, 3 update issued,
+// 4 update waited, 5 chunk done. bench/timeline.py reads them.
+#pragma once
+
+#include "kernels/sm90/params.h"
+
+namespace flashgdn::kern {
+
+inline constexpr int kTimelineChunks = 128, kTimelineEvents = 8;
+
+__device__ __forceinline__ void timeline_mark(const ForwardParams& p, int role, int64_t chunk, int event) {
+#ifdef FLASHGDN_TIMELINE
+  if (p.timeline != nullptr && threadIdx.x == 128u * role && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+      chunk < kTimelineChunks)
+    p.timeline[(role * kTimelineChunks + chunk) * kTimelineEvents + event] = clock64();
+#else
+  (void)p, (void)role, (void)chunk, (void)event;
+#endif
+}
+
+}  // namespace flashgdn::kern
