@@ -7,7 +7,7 @@
 //   Vd^T [64v, 64t] = V^T Ag^T + S^T (-W~)^T
 //   O^T  [64v, 64t] = scale ((S^T Q^T) diag(Gamma) + Vd^T P^T)
 //   S^T' [64v, 128] = e^gamma S^T + (Vd^T diag(rho)) K
-// An m64nN fp32 accumulator converts to the A fragments of an RS wgmma in place (element pairs
+// An m64nN fp32 accumulator converts to the A fragments of an RS wgmma in registers (element pairs
 // 8 ks + 2 q, + 1 are register q of k-step ks: the m16n8k16 A layout), so S^T and Vd^T go from one
 // product to the next without shared memory, fences between proxies or barriers.
 //
@@ -17,7 +17,7 @@
 //         arrives on ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
-//         its bf16 A fragments. Per chunk c, after ready[c % 2]:
+//         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
 //           Vd^T [64,64] = V^T[64,64] @ Ag^T (SS, 4 x m64n64k16; V's panel g as M-major A)
 //                        + S^T[64,128] @ (-W~)^T (RS, 8)
 //           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
@@ -27,7 +27,7 @@
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
-// Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// Shared memory (194 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
 // group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
@@ -96,7 +96,7 @@ struct FusedForwardRs {
                   st);
   }
 
-  // An accumulator's N columns as the A fragments of N / 16 k-steps (bf16 pairs, in place).
+  // An accumulator's N columns as the A fragments of N / 16 k-steps (Elem pairs, in registers).
   template <int kSteps>
   static __device__ __forceinline__ void to_fragments(const float (&acc)[8 * kSteps], Fragments (&frag)[kSteps]) {
 #pragma unroll
