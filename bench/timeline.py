@@ -1,7 +1,9 @@
 """Where the chunk step of the warp-specialized forwards goes, from the timeline of a measurement
 build (cmake -DFLASHGDN_TIMELINE=ON; src/kernels/sm90/timeline.cuh): one forward per configuration
-and kernel (3 and 4, no CP), then per phase the median cycles over chunks 8..127 of CTA (0, 0, 0),
-for the aux group and state group 0, and the chunk step.
+and kernel (3 and 4, no CP), then per phase the median cycles over chunks 8..126 of CTA (0, 0, 0),
+for the aux group and state group 0, and the chunk step (top of chunk c to top of c + 1). The aux's
+"issue loads, wait tiles" is the cp.async tiles; its gate and A_r loads are waited at first use
+("gates, barrier", "Ag"). In a timeline build v3 spills a little (h200_check reports it).
 
     FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--out DIR]
 """
@@ -29,6 +31,7 @@ KERNELS = {"ws": 3, "rs": 4}
 # Phases: (name, from event, to event) of each role (timeline.cuh).
 AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles", 1, 2), ("gates, barrier", 2, 3),
        ("Q K^T, P", 3, 4), ("Ag", 4, 5), ("-B~, -W~", 5, 6), ("store -W~, ready", 6, 7)]
+# (v3 copies chunk c-1's o out inside "Vd (+QS)", v4 inside "update (+P Vd)".)
 STATE = [("wait ready", 0, 1), ("Vd (+QS)", 1, 2), ("Vd epilogue, issue update", 2, 3), ("update (+P Vd)", 3, 4),
          ("epilogue, o, barrier", 4, 5)]
 FIRST = 8  # skip the pipeline's start

@@ -81,14 +81,17 @@ if [ "$MODE" = timeline ]; then  # a measurement build (FLASHGDN_TIMELINE) and b
   start=$(date +%s)
   cmake -S . -B build-timeline -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_TIMELINE=ON -DFLASHGDN_BUILD_TESTS=OFF \
     >"$OUT/build.log" 2>&1 && cmake --build build-timeline -j "$(nproc)" --target flashgdn_c >>"$OUT/build.log" 2>&1
-  note "timeline build rc=$? in $(( $(date +%s) - start )) s"
+  rc=$?
+  note "timeline build rc=$rc in $(( $(date +%s) - start )) s; spill warnings (the marks' cost): $(grep -cE "Registers are spilled" "$OUT/build.log")"
+  if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; printf '%s\n' "${summary[@]}"; exit 1; fi
   FLASHGDN_LIBRARY=$PWD/build-timeline/libflashgdn_c.so PYTHONPATH=$PWD/python timeout 300 python3 bench/timeline.py \
     --out "$OUT" >"$OUT/timeline.log" 2>&1
-  note "timeline rc=$?"
+  rc=$?
+  note "timeline rc=$rc"
   tail -n 12 "$OUT/timeline.log"
   echo "================ summary"
   printf '%s\n' "${summary[@]}"
-  exit 0
+  exit $rc
 fi
 
 # NCCL for flashgdn_distributed (cmake/cuda.cmake): the CUDA toolkit's, else torch's nvidia-nccl wheel

@@ -229,7 +229,8 @@ TIMELINE_SHAPE = (2, 128, 8)  # roles (aux, state group 0), chunks, events: src/
 def set_timeline(buffer: Optional[torch.Tensor]) -> None:
     """Measurement builds (-DFLASHGDN_TIMELINE=ON) only: later forward_into calls with kernel 3 or 4
     write clock64() at the phase boundaries of their CTA (0, 0, 0) into buffer (int64 cuda,
-    TIMELINE_SHAPE, contiguous; None: stop). Other builds raise NotSupportedError."""
+    TIMELINE_SHAPE, contiguous; None: stop, before the buffer is freed). Other builds raise
+    NotSupportedError (FlashGDNError without kernels)."""
     if buffer is not None and (buffer.dtype != torch.int64 or not buffer.is_cuda or
                                tuple(buffer.shape) != TIMELINE_SHAPE or not buffer.is_contiguous()):
         raise ValueError(f"timeline: an int64 cuda tensor of shape {TIMELINE_SHAPE}, contiguous")

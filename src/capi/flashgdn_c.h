@@ -61,7 +61,8 @@ int flashgdn_has_kernels(void);
 /* Measurement builds (-DFLASHGDN_TIMELINE=ON) only: the device buffer, uint64 [2][128][8], into which
  * the warp-specialized forwards (variant kernel 3 or 4) of later flashgdn_forward calls write the
  * clock64() of their phase boundaries (src/kernels/sm90/timeline.cuh; bench/timeline.py reads it);
- * NULL: none. Other builds return 2 (not supported). */
+ * NULL: none (set it before freeing the buffer). Other builds return 2 (not supported), or 3 (not
+ * built) without kernels. */
 int flashgdn_set_timeline(void* device_buffer, char* msg, int msg_len);
 
 /* variant (for measurements and tests; 0 = the defaults): bit 0 stores the gate-free inverse in fp32
