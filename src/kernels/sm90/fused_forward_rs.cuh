@@ -60,6 +60,7 @@ struct FusedForwardRs {
   struct SharedStorage {
     Slot slot[2];
     alignas(1024) unsigned char o[2][kTokenTileBytes];
+    alignas(16) InverseT inverse[2][Aux::kInverseTileElems];  // A_r rows per slot: the aux group prefetches
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
     alignas(8) uint64_t ready[2];

@@ -15,7 +15,7 @@
 //         from HBM straight into registers in the wgmma A-fragment layout; then
 //           P   [64,64]  = G (.) (Q @ K^T)                SS wgmma, 8 x m64n64k16    -> slot.p
 //           Ag  [64,64]  = G (.) A_r (.) 1 beta^T          registers, stmatrix        -> slot.ag
-//           -W~ [64,128] = (-B~) @ K                       RS wgmma, 4 x m64n128k16   -> slot.w_neg
+//           -W~ [64,128] = (-B~) @ K                       RS wgmma, 2 x 4 x m64n64k16 -> slot.w_neg
 //         and arrives on ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg 184): value columns n = 64 g .. 64 g + 63 of
 //         S, in fp32 registers for the whole item with a bf16 copy in panel g of `state`. Per chunk
@@ -157,15 +157,63 @@ struct FusedForwardWs {
       }
   }
 
+  // Padded A_r rows in shared memory (the prefetching aux group): one 16-byte unit past each
+  // 64-element row, so that the 8 rows a fragment load touches fall in distinct banks.
+  static constexpr int kInversePitch = kChunk + 16 / static_cast<int>(sizeof(InverseT));
+  static constexpr int kInverseTileElems = kChunk * kInversePitch;
+
+  // A_r rows of the chunk into `tile` (cp.async, committed with the next load_tiles; rows past the
+  // chunk zero-filled): thread t of the group copies 16-byte units t, t + 128, ...
+  static __device__ void load_inverse_rows(const ForwardParams& p, InverseT* tile, int64_t b, int64_t t0, int rows,
+                                           int h) {
+    constexpr int kUnitsPerRow = kChunk * static_cast<int>(sizeof(InverseT)) / 16, kPerUnit = 16 / sizeof(InverseT);
+    const InverseT* chunk_rows_base =
+        static_cast<const InverseT*>(p.inverse) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+#pragma unroll
+    for (int unit = threadIdx.x % 128; unit < kChunk * kUnitsPerRow; unit += 128) {
+      const int row = unit / kUnitsPerRow, col = unit % kUnitsPerRow * kPerUnit;
+      const bool in_chunk = row < rows;
+      cp_async_16(tile + row * kInversePitch + col,
+                  chunk_rows_base + static_cast<int64_t>(in_chunk ? row : 0) * p.num_v_heads * kChunk + col, in_chunk);
+    }
+  }
+
+  // load_inverse_fragment's registers from a load_inverse_rows tile.
+  static __device__ __forceinline__ void inverse_fragment_from(const InverseT* tile, InversePair (&a_r)[4][4]) {
+    const int lane = threadIdx.x % 32, r = Tiles::acc_row(0), c = 2 * (lane % 4);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        a_r[ks][q] = *reinterpret_cast<const InversePair*>(tile + (r + 8 * (q % 2)) * kInversePitch + 16 * ks + c +
+                                                           8 * (q / 2));
+  }
+
   // Storage: this kernel's SharedStorage or another with the same slot, gate and barrier members
-  // (fused_forward_rs.cuh runs this aux group too).
+  // (fused_forward_rs.cuh runs this aux group too). A Storage with `inverse` tiles (one per slot,
+  // kInverseTileElems each) gets the prefetching aux group: chunk c+1's tiles, A_r rows (cp.async)
+  // and gates (warp 0, registers) are requested during chunk c, before its -W~ product, once the
+  // state groups have released the slot (after chunk c-1), so that no memory round trip opens a chunk.
+  // Without: chunk c's loads open chunk c (v3: its shared memory has no room for A_r).
   template <typename Storage>
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, Storage& s, bool with_o, int hk, int h) {
+    constexpr bool kPrefetch = requires(Storage & st) { st.inverse[0][0]; };
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int64_t b = item.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = Tiles::acc_row(0), c_lane = 2 * (lane % 4);
+    ChunkGates gates;  // warp 0: the gates of the chunk loaded next
+    auto request = [&](int64_t c) {  // the prefetching group's loads of chunk c
+      if constexpr (kPrefetch) {
+        const int64_t t0 = item.bos + c * kChunk;
+        const int rows = chunk_rows(item, c);
+        load_inverse_rows(p, s.inverse[c & 1], b, t0, rows, h);
+        load_tiles(p, s.slot[c & 1], b, t0, rows, hk, h, item.zero_v, with_o);
+        if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
+      }
+    };
+    if (kPrefetch && num_chunks > 0) request(0);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
@@ -173,21 +221,25 @@ struct FusedForwardWs {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(item, c);
       timeline_mark(p, 0, c, 0);
-      if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
-      timeline_mark(p, 0, c, 1);
-      // One memory round trip per chunk for the tiles, the gates and A_r together (the slot cannot
-      // be refilled before the state groups finish chunk c-2).
-      load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
-      ChunkGates gates;
-      if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
       InversePair a_r[4][4];
-      load_inverse_fragment(p, a_r, b, t0, rows, h);
+      if constexpr (!kPrefetch) {
+        if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
+        timeline_mark(p, 0, c, 1);
+        // One memory round trip per chunk for the tiles, the gates and A_r together (the slot cannot
+        // be refilled before the state groups finish chunk c-2).
+        load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
+        if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
+        load_inverse_fragment(p, a_r, b, t0, rows, h);
+      } else {
+        timeline_mark(p, 0, c, 1);
+      }
       cp_async_wait<0>();
       timeline_mark(p, 0, c, 2);
       if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
       wg::fence_shared_to_async();  // the landed tiles, for the wgmmas below
       group_sync(kAuxBarrier);      // ... and every thread's tiles and the gates, for the whole group
       timeline_mark(p, 0, c, 3);
+      if constexpr (kPrefetch) inverse_fragment_from(s.inverse[buf], a_r);
       const float* gcum = s.gcum[buf];
       const float g_rows[2] = {gcum[r], gcum[r + 8]};
       // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
@@ -245,20 +297,26 @@ struct FusedForwardWs {
           b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
                                            col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
         }
-      float w[64];
-      wg::fence();  // the fragment registers were just written
+      if (kPrefetch && c + 1 < num_chunks) {  // chunk c+1 into the other slot, once chunk c-1 released it
+        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
+        request(c + 1);
+      }
+      // In two 64-key halves (panel i of the K tile), so that one m64n64 accumulator is live.
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(w, b_tilde[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
-                                          ks > 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operand(w);
+      for (int panel = 0; panel < 2; ++panel) {
+        Acc w;
+        wg::fence();  // the fragment registers were just written
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_rs<Elem, 64, Major::kMN>(w, b_tilde[ks],
+                                           wg::descriptor<Major::kMN>(slot.k + panel * kPanelBytes, 16 * ks, kChunk),
+                                           ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operand(w);
+        Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0, [&](int j, int e) { return w[4 * j + e]; });
+      }
       timeline_mark(p, 0, c, 6);
-#pragma unroll
-      for (int panel = 0; panel < 2; ++panel)
-        Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0,
-                               [&](int j, int e) { return w[4 * (8 * panel + j) + e]; });
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
