@@ -12,9 +12,10 @@
 // product to the next without shared memory, fences between proxies or barriers.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
-//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's aux group unchanged: per
-//         chunk c into slot c % 2 once chunk c - 2 released it: K, Q, V, the gates, P, Ag, -W~;
-//         arrives on ready[c % 2].
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's aux group in its
+//         prefetching form (this Storage has A_r tiles): per chunk c from slot c % 2, P, Ag, -W~,
+//         and in between, chunk c+1's K, Q, V, A_r rows (cp.async) and gates into slot (c+1) % 2 once
+//         the state groups released it after chunk c-1; arrives on ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -27,8 +28,9 @@
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
-// Shared memory (194 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256).
+// Shared memory (212 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// group g's columns); inverse [2][64][72] (A_r rows of the slot's chunk, padded); gcum, beta [2][64]
+// fp32; mbarriers ready[2] (128 arrivals), free[2] (256).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
 #pragma once
