@@ -70,10 +70,6 @@ struct FusedForwardRs {
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
-  static __device__ __forceinline__ void group_sync(int barrier) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
-  }
-
   // Element 4 j + e of S^T's accumulator is S[k][v], k = acc_col(j, e), v = col0 + acc_row(e).
   static __device__ void load_initial_state(const WorkItem& item, int col0, StateAcc& st) {
 #pragma unroll
@@ -224,7 +220,7 @@ struct FusedForwardRs {
       if constexpr (kWithO) store_transposed(s.o[buf] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
       const int64_t left = item.eos - t0;
       store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
-      if constexpr (kWithO) group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
+      if constexpr (kWithO) Aux::group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
       timeline_mark(p, 1, c, 5);
     }
     if (kWithO && num_chunks > 0) {  // the last chunk's o
