@@ -28,7 +28,9 @@ from flashgdn.ops import TIMELINE_SHAPE, forward_into, set_timeline  # noqa: E40
 
 CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32)]
 KERNELS = {"ws": 3, "rs": 4}
-# Phases: (name, from event, to event) of each role (timeline.cuh).
+# Phases: (name, from event, to event) of each role (timeline.cuh). v4's TMA-fed aux group: "wait slot
+# free" is its first poll (it issues chunk c+1's loads there when the slot is free, never waits), "issue
+# loads, wait tiles" its wait for chunk c's loads, "-B~, -W~" includes a poll.
 AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles", 1, 2), ("gates, barrier", 2, 3),
        ("Q K^T, P", 3, 4), ("Ag", 4, 5), ("-B~, -W~", 5, 6), ("store -W~, ready", 6, 7)]
 # (v3 copies chunk c-1's o out inside "Vd (+QS)", v4 inside "update (+P Vd)".)

@@ -11,6 +11,7 @@
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/fused_forward_ws.cuh"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/tensor_map.h"
 
 namespace flashgdn::kern {
 
@@ -32,16 +33,17 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]).
-template <typename Kernel>
-cudaError_t launch_per_item(void (*kernel)(ForwardParams), const ForwardParams& p, int64_t items, int ctas_per_head,
-                            cudaStream_t stream) {
+// One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]);
+// `extra`: the kernel's parameters after p.
+template <typename Kernel, typename... Extra>
+cudaError_t launch_per_item(void (*kernel)(ForwardParams, Extra...), const ForwardParams& p, int64_t items,
+                            int ctas_per_head, cudaStream_t stream, const Extra&... extra) {
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
   const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * ctas_per_head, p.cp_pass == kCpStatePass ? 2 : 1);
-  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
+  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p, extra...);
   return cudaGetLastError();
 }
 
@@ -54,9 +56,12 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   if (p.register_state) {  // bf16 inverse only (runtime/forward.cpp refuses the fp32 one)
     if constexpr (std::is_same_v<InverseT, float>)
       return cudaErrorInvalidValue;
-    else
+    else {
+      ForwardTileMaps maps;  // the TMA descriptors of q, k, v and the inverse
+      if (encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS) return cudaErrorInvalidValue;
       return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1,
-                                                             stream);
+                                                             stream, maps);
+    }
   }
   if (p.warp_specialized)
     return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, p, items, 1, stream);

@@ -12,10 +12,14 @@
 // product to the next without shared memory, fences between proxies or barriers.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
-//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's aux group in its
-//         prefetching form (this Storage has A_r tiles): per chunk c from slot c % 2, P, Ag, -W~,
-//         and in between, chunk c+1's K, Q, V, A_r rows (cp.async) and gates into slot (c+1) % 2 once
-//         the state groups released it after chunk c-1; arrives on ready[c % 2].
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's products (P, Ag, -W~) fed
+//         by TMA: thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two 64-column
+//         panels each; A_r rows: one panel) into slot c % 2 and inverse[c % 2] on loaded[c % 2].
+//         During chunk c it issues chunk c+1's as soon as the state groups free slot (c+1) % 2
+//         (after chunk c-1): it polls free between the products and waits only after ready[c % 2].
+//         Warp 0 holds the next chunk's gates in registers. Per chunk: wait loaded; a partial chunk's
+//         rows past its end zeroed (they hold the next sequence or garbage); gates to shared memory;
+//         A_r fragments by ldmatrix; products; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -28,14 +32,15 @@
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
-// Shared memory (212 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns); inverse [2][64][72] (A_r rows of the slot's chunk, padded); gcum, beta [2][64]
-// fp32; mbarriers ready[2] (128 arrivals), free[2] (256).
+// Shared memory (209 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// group g's columns); inverse [2][64][64] (A_r rows of the slot's chunk, one swizzled panel); gcum,
+// beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
+#include "kernels/sm90/tensor_map.h"
 
 namespace flashgdn::kern {
 
@@ -62,13 +67,121 @@ struct FusedForwardRs {
   struct SharedStorage {
     Slot slot[2];
     alignas(1024) unsigned char o[2][kTokenTileBytes];
-    alignas(16) InverseT inverse[2][Aux::kInverseTileElems];  // A_r rows per slot: the aux group prefetches
+    alignas(1024) unsigned char inverse[2][kPanelBytes];  // A_r rows of the slot's chunk
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
+    alignas(8) uint64_t loaded[2];
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
+  // ---- aux group ------------------------------------------------------------------------------
+
+  // Rows rows..63 of the `panels` 64-row panels at `tiles` (each kPanelBytes apart) set to zero (a
+  // swizzled row keeps its 128 bytes): thread t of the group writes 16-byte units t, t + 128, ...
+  static __device__ __forceinline__ void zero_rows(unsigned char* tiles, int panels, int rows) {
+    const int units = (kChunk - rows) * 8;
+    for (int i = threadIdx.x % 128; i < panels * units; i += 128)
+      *reinterpret_cast<uint4*>(tiles + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
+  }
+
+  // This thread's A_r fragments (fused_forward_ws.cuh's layout) from the swizzled panel: k-step ks
+  // is ldmatrix.x4 of rows 16 w + lane % 16, columns 16 ks + 8 (lane / 16).
+  static __device__ __forceinline__ void inverse_fragments(const unsigned char* panel,
+                                                           typename Aux::InversePair (&a_r)[4][4]) {
+    const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x / 32) % 4) + lane % 16;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t regs[4];
+      ldmatrix_x4(regs, panel + wg::swizzled_offset(row, 16 * ks + 8 * (lane / 16)));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) a_r[ks][q] = *reinterpret_cast<const typename Aux::InversePair*>(&regs[q]);
+    }
+  }
+
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
+                                                 SharedStorage& s, bool with_o, int hk, int h) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int b = static_cast<int>(item.batch);
+    const int warp = threadIdx.x / 32;
+    const bool load_v = !item.zero_v;
+    if (threadIdx.x == 0) {
+      tma::barrier_init(&s.loaded[0], 1);
+      tma::barrier_init(&s.loaded[1], 1);
+      tma::fence_barrier_init();
+    }
+    if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
+      for (int i = 0; i < 2; ++i) zero_rows(s.slot[i].v, 2, 0);
+    Aux::group_sync(Aux::kAuxBarrier);
+
+    const uint32_t bytes = kPanelBytes * (3 + (with_o ? 2 : 0) + (load_v ? 2 : 0));
+    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes into slot c % 2
+      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
+      Slot& slot = s.slot[buf];
+      uint64_t* loaded = &s.loaded[buf];
+      tma::arrive_expect_bytes(loaded, bytes);
+      tma::load_4d(s.inverse[buf], &maps.inverse, loaded, 0, h, t0, b);
+      for (int panel = 0; panel < 2; ++panel) {
+        tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
+        if (with_o) tma::load_4d(slot.q + panel * kPanelBytes, &maps.q, loaded, 64 * panel, hk, t0, b);
+        if (load_v) tma::load_4d(slot.v + panel * kPanelBytes, &maps.v, loaded, 64 * panel, h, t0, b);
+      }
+    };
+    ChunkGates gates;  // warp 0: the gates of the chunk loaded next
+    if (num_chunks > 0) {
+      if (threadIdx.x == 0) issue(0);
+      if (warp == 0) gates = fetch_chunk_gates(p, b, item.bos, Aux::chunk_rows(item, 0), h);
+    }
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = static_cast<int>(c & 1);
+      Slot& slot = s.slot[buf];
+      const int64_t t0 = item.bos + c * kChunk;
+      const int rows = Aux::chunk_rows(item, c);
+      // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
+      bool next_issued = c + 1 >= num_chunks;
+      auto issue_next_if_free = [&] {
+        if (threadIdx.x == 0 && !next_issued &&
+            (c == 0 || tma::test_wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1)))) {
+          issue(c + 1);
+          next_issued = true;
+        }
+      };
+      timeline_mark(p, 0, c, 0);
+      issue_next_if_free();
+      timeline_mark(p, 0, c, 1);
+      tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 0, c, 2);
+      if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
+        zero_rows(slot.k, 2, rows);
+        if (with_o) zero_rows(slot.q, 2, rows);
+        if (load_v) zero_rows(slot.v, 2, rows);
+        zero_rows(s.inverse[buf], 1, rows);
+      }
+      if (warp == 0) {
+        store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
+        if (c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, Aux::chunk_rows(item, c + 1), h);
+      }
+      wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
+      Aux::group_sync(Aux::kAuxBarrier);
+      timeline_mark(p, 0, c, 3);
+      typename Aux::InversePair a_r[4][4];
+      inverse_fragments(s.inverse[buf], a_r);
+      Aux::chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, issue_next_if_free);
+      wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
+      tma::arrive(&s.ready[buf]);
+      timeline_mark(p, 0, c, 7);
+      if (threadIdx.x == 0 && !next_issued) {
+        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
+        issue(c + 1);
+      }
+      __syncwarp();
+    }
+  }
+
+  // ---- state groups ---------------------------------------------------------------------------
 
   // Element 4 j + e of S^T's accumulator is S[k][v], k = acc_col(j, e), v = col0 + acc_row(e).
   static __device__ void load_initial_state(const WorkItem& item, int col0, StateAcc& st) {
@@ -233,11 +346,11 @@ struct FusedForwardRs {
       store_state(final, col0, st);
   }
 
-  static __device__ void run(const ForwardParams& p) {
+  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
     extern __shared__ __align__(1024) unsigned char smem_rs[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_rs);
     run_roles<kAuxRegisters, kStateRegisters>(
-        p, s, [&](bool with_o, int hk, int h) { Aux::run_aux(p, s, with_o, hk, h); },
+        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
           if (with_o)
             run_state<true>(p, s, h, group);
@@ -248,8 +361,9 @@ struct FusedForwardRs {
 };
 
 template <typename Elem, typename InverseT>
-__global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p) {
-  FusedForwardRs<Elem, InverseT>::run(p);
+__global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p,
+                                                                  const __grid_constant__ ForwardTileMaps maps) {
+  FusedForwardRs<Elem, InverseT>::run(p, maps);
 }
 
 }  // namespace flashgdn::kern

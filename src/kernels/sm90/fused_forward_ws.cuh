@@ -157,63 +157,99 @@ struct FusedForwardWs {
       }
   }
 
-  // Padded A_r rows in shared memory (the prefetching aux group): one 16-byte unit past each
-  // 64-element row, so that the 8 rows a fragment load touches fall in distinct banks.
-  static constexpr int kInversePitch = kChunk + 16 / static_cast<int>(sizeof(InverseT));
-  static constexpr int kInverseTileElems = kChunk * kInversePitch;
-
-  // A_r rows of the chunk into `tile` (cp.async, committed with the next load_tiles; rows past the
-  // chunk zero-filled): thread t of the group copies 16-byte units t, t + 128, ...
-  static __device__ void load_inverse_rows(const ForwardParams& p, InverseT* tile, int64_t b, int64_t t0, int rows,
-                                           int h) {
-    constexpr int kUnitsPerRow = kChunk * static_cast<int>(sizeof(InverseT)) / 16, kPerUnit = 16 / sizeof(InverseT);
-    const InverseT* chunk_rows_base =
-        static_cast<const InverseT*>(p.inverse) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+  // P, Ag and -W~ of chunk c into `slot`, from its tiles, the chunk's gates gcum / beta and this
+  // thread's A_r fragments (zero past the chunk's rows). between() runs after P and after Ag: the
+  // TMA-fed aux group of fused_forward_rs.cuh issues its next loads there once their slot is free.
+  template <typename Between>
+  static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
+                                                        const float* beta, const InversePair (&a_r)[4][4], int rows,
+                                                        bool with_o, int64_t c, Between&& between) {
+    const int lane = threadIdx.x % 32;
+    const int r = Tiles::acc_row(0), c_lane = 2 * (lane % 4);
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
+    // index 2 j (+ 1).
+    float g_col[16], beta_col[16];
 #pragma unroll
-    for (int unit = threadIdx.x % 128; unit < kChunk * kUnitsPerRow; unit += 128) {
-      const int row = unit / kUnitsPerRow, col = unit % kUnitsPerRow * kPerUnit;
-      const bool in_chunk = row < rows;
-      cp_async_16(tile + row * kInversePitch + col,
-                  chunk_rows_base + static_cast<int64_t>(in_chunk ? row : 0) * p.num_v_heads * kChunk + col, in_chunk);
+    for (int j = 0; j < 8; ++j) {
+      const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
+      g_col[2 * j] = g.x, g_col[2 * j + 1] = g.y;
     }
-  }
 
-  // load_inverse_fragment's registers from a load_inverse_rows tile.
-  static __device__ __forceinline__ void inverse_fragment_from(const InverseT* tile, InversePair (&a_r)[4][4]) {
-    const int lane = threadIdx.x % 32, r = Tiles::acc_row(0), c = 2 * (lane % 4);
+    if (with_o) {  // P = G (.) Q K^T, lower triangle with diagonal
+      Acc qk;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(qk);
+      Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
+        const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
+        return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
+      });
+    }
+    timeline_mark(p, 0, c, 4);
+    between();
+
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 be = *reinterpret_cast<const float2*>(beta + 8 * j + c_lane);
+      beta_col[2 * j] = be.x, beta_col[2 * j + 1] = be.y;
+    }
+    // Ag (accumulator element (j, e) is fragment register q = e / 2 + 2 (j % 2) of k-step j / 2).
+    Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
+      const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
+      const float2 pair = to_float2(a_r[j / 2][e / 2 + 2 * (j % 2)]);
+      const float x = e % 2 == 0 ? pair.x : pair.y;
+      const int at = 2 * j + e % 2;
+      return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
+    });
+    timeline_mark(p, 0, c, 5);
+    between();
+
+    // -W~ = (-B~) K, -B~ = -Gamma A_r diag(beta) as register A fragments (the sign here: the
+    // product needs no negation pass).
+    uint32_t b_tilde[4][4];
+    const float row_decay[2] = {r < rows ? -exp2_approx(g_rows[0]) : 0.f, r + 8 < rows ? -exp2_approx(g_rows[1]) : 0.f};
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        a_r[ks][q] = *reinterpret_cast<const InversePair*>(tile + (r + 8 * (q % 2)) * kInversePitch + 16 * ks + c +
-                                                           8 * (q / 2));
+      for (int q = 0; q < 4; ++q) {
+        const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2), at = 4 * ks + 2 * (q / 2);
+        const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
+        b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
+                                         col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
+      }
+    // In two 64-key halves (panel i of the K tile), so that one m64n64 accumulator is live.
+#pragma unroll
+    for (int panel = 0; panel < 2; ++panel) {
+      Acc w;
+      wg::fence();  // the fragment registers were just written
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 64, Major::kMN>(w, b_tilde[ks],
+                                         wg::descriptor<Major::kMN>(slot.k + panel * kPanelBytes, 16 * ks, kChunk),
+                                         ks > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(w);
+      Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0, [&](int j, int e) { return w[4 * j + e]; });
+    }
+    timeline_mark(p, 0, c, 6);
   }
 
-  // Storage: this kernel's SharedStorage or another with the same slot, gate and barrier members
-  // (fused_forward_rs.cuh runs this aux group too). A Storage with `inverse` tiles (one per slot,
-  // kInverseTileElems each) gets the prefetching aux group: chunk c+1's tiles, A_r rows (cp.async)
-  // and gates (warp 0, registers) are requested during chunk c, before its -W~ product, once the
-  // state groups have released the slot (after chunk c-1), so that no memory round trip opens a chunk.
-  // Without: chunk c's loads open chunk c (v3: its shared memory has no room for A_r).
-  template <typename Storage>
-  static __device__ __forceinline__ void run_aux(const ForwardParams& p, Storage& s, bool with_o, int hk, int h) {
-    constexpr bool kPrefetch = requires(Storage & st) { st.inverse[0][0]; };
+  // Per chunk c: once the state groups have released slot c % 2 (after chunk c-2), one memory
+  // round trip for the tiles, the gates and A_r together, then chunk_products and ready[c % 2].
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, SharedStorage& s, bool with_o, int hk,
+                                                 int h) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int64_t b = item.batch;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r = Tiles::acc_row(0), c_lane = 2 * (lane % 4);
-    ChunkGates gates;  // warp 0: the gates of the chunk loaded next
-    auto request = [&](int64_t c) {  // the prefetching group's loads of chunk c
-      if constexpr (kPrefetch) {
-        const int64_t t0 = item.bos + c * kChunk;
-        const int rows = chunk_rows(item, c);
-        load_inverse_rows(p, s.inverse[c & 1], b, t0, rows, h);
-        load_tiles(p, s.slot[c & 1], b, t0, rows, hk, h, item.zero_v, with_o);
-        if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
-      }
-    };
-    if (kPrefetch && num_chunks > 0) request(0);
+    const int warp = threadIdx.x / 32;
+    ChunkGates gates;  // warp 0
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
@@ -221,102 +257,19 @@ struct FusedForwardWs {
       const int64_t t0 = item.bos + c * kChunk;
       const int rows = chunk_rows(item, c);
       timeline_mark(p, 0, c, 0);
+      if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
+      timeline_mark(p, 0, c, 1);
+      load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
+      if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
       InversePair a_r[4][4];
-      if constexpr (!kPrefetch) {
-        if (c >= 2) tma::wait(&s.free[buf], static_cast<uint32_t>(((c - 2) >> 1) & 1));  // chunk c-2 is done
-        timeline_mark(p, 0, c, 1);
-        // One memory round trip per chunk for the tiles, the gates and A_r together (the slot cannot
-        // be refilled before the state groups finish chunk c-2).
-        load_tiles(p, slot, b, t0, rows, hk, h, item.zero_v, with_o);
-        if (warp == 0) gates = fetch_chunk_gates(p, b, t0, rows, h);
-        load_inverse_fragment(p, a_r, b, t0, rows, h);
-      } else {
-        timeline_mark(p, 0, c, 1);
-      }
+      load_inverse_fragment(p, a_r, b, t0, rows, h);
       cp_async_wait<0>();
       timeline_mark(p, 0, c, 2);
       if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
       wg::fence_shared_to_async();  // the landed tiles, for the wgmmas below
       group_sync(kAuxBarrier);      // ... and every thread's tiles and the gates, for the whole group
       timeline_mark(p, 0, c, 3);
-      if constexpr (kPrefetch) inverse_fragment_from(s.inverse[buf], a_r);
-      const float* gcum = s.gcum[buf];
-      const float g_rows[2] = {gcum[r], gcum[r + 8]};
-      // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
-      // index 2 j (+ 1).
-      float g_col[16], beta_col[16];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
-        g_col[2 * j] = g.x, g_col[2 * j + 1] = g.y;
-      }
-
-      if (with_o) {  // P = G (.) Q K^T, lower triangle with diagonal
-        Acc qk;
-        wg::fence();
-#pragma unroll
-        for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-          wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
-                                                     wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_operand(qk);
-        Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
-          const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-          return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
-        });
-      }
-      timeline_mark(p, 0, c, 4);
-
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 be = *reinterpret_cast<const float2*>(s.beta[buf] + 8 * j + c_lane);
-        beta_col[2 * j] = be.x, beta_col[2 * j + 1] = be.y;
-      }
-      // Ag (accumulator element (j, e) is fragment register q = e / 2 + 2 (j % 2) of k-step j / 2).
-      Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
-        const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-        const float2 pair = to_float2(a_r[j / 2][e / 2 + 2 * (j % 2)]);
-        const float x = e % 2 == 0 ? pair.x : pair.y;
-        const int at = 2 * j + e % 2;
-        return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
-      });
-      timeline_mark(p, 0, c, 5);
-
-      // -W~ = (-B~) K, -B~ = -Gamma A_r diag(beta) as register A fragments (the sign here: the
-      // product needs no negation pass).
-      uint32_t b_tilde[4][4];
-      const float row_decay[2] = {r < rows ? -exp2_approx(g_rows[0]) : 0.f,
-                                  r + 8 < rows ? -exp2_approx(g_rows[1]) : 0.f};
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2), at = 4 * ks + 2 * (q / 2);
-          const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
-          b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
-                                           col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
-        }
-      if (kPrefetch && c + 1 < num_chunks) {  // chunk c+1 into the other slot, once chunk c-1 released it
-        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
-        request(c + 1);
-      }
-      // In two 64-key halves (panel i of the K tile), so that one m64n64 accumulator is live.
-#pragma unroll
-      for (int panel = 0; panel < 2; ++panel) {
-        Acc w;
-        wg::fence();  // the fragment registers were just written
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wg::mma_rs<Elem, 64, Major::kMN>(w, b_tilde[ks],
-                                           wg::descriptor<Major::kMN>(slot.k + panel * kPanelBytes, 16 * ks, kChunk),
-                                           ks > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_operand(w);
-        Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0, [&](int j, int e) { return w[4 * j + e]; });
-      }
-      timeline_mark(p, 0, c, 6);
+      chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, [] {});
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);

@@ -53,12 +53,35 @@ __device__ __forceinline__ void wait(uint64_t* barrier, uint32_t phase) {
       : "memory");
 }
 
+// Whether the barrier's phase with parity `phase` has completed (one test, no waiting).
+__device__ __forceinline__ bool test_wait(uint64_t* barrier, uint32_t phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(barrier)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+
 // Box at element coordinates (inner, outer) of the tensor described by `map` into `dst`.
 __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* barrier, int inner, int outer) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
           smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(barrier)), "r"(inner), "r"(outer)
+      : "memory");
+}
+
+// Box at element coordinates (c0 innermost, .., c3) of a 4-D tensor map into `dst`.
+__device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint64_t* barrier, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(barrier)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 
