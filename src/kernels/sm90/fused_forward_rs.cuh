@@ -17,7 +17,8 @@
 //         panels each; A_r rows: one panel) into slot c % 2 and inverse[c % 2] on loaded[c % 2].
 //         During chunk c it issues chunk c+1's as soon as the state groups free slot (c+1) % 2
 //         (after chunk c-1): it polls free between the products and waits only after ready[c % 2].
-//         Warp 0 holds the next chunk's gates in registers. Per chunk: wait loaded; a partial chunk's
+//         Warp 0 holds the next chunk's gates in registers (fetched after the chunk's proxy fence:
+//         its MEMBAR waits for every outstanding load of the thread). Per chunk: wait loaded; a partial chunk's
 //         rows past its end zeroed (they hold the next sequence or garbage); gates to shared memory;
 //         A_r fragments by ldmatrix; products; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
@@ -160,13 +161,12 @@ struct FusedForwardRs {
         if (load_v) zero_rows(slot.v, 2, rows);
         zero_rows(s.inverse[buf], 1, rows);
       }
-      if (warp == 0) {
-        store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
-        if (c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, Aux::chunk_rows(item, c + 1), h);
-      }
+      if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
       wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
       Aux::group_sync(Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 3);
+      // The next chunk's gates: after the fence, whose MEMBAR would wait for these loads.
+      if (warp == 0 && c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, Aux::chunk_rows(item, c + 1), h);
       typename Aux::InversePair a_r[4][4];
       inverse_fragments(s.inverse[buf], a_r);
       Aux::chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, issue_next_if_free);
