@@ -198,6 +198,8 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   layout.inverse = offset;
   const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
   offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
+  layout.chunk_gates = offset;
+  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * 128 * sizeof(float));
   layout.cp = shard ? decide_shard_cp(in) : decide_cp(in);
   if (layout.cp.enabled) offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
   if (problem.checkpoints.present() && in.varlen.present()) {
@@ -251,6 +253,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   }
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
+  p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {

@@ -74,6 +74,7 @@ struct ForwardLayout {
   InputLayout inputs;        // chunk offsets, normalised q and k
   bool decode = false;       // use_recurrent_decode: no inverse, no CP
   std::size_t inverse = 0;   // A_r rows [B * T, Hv, 64]
+  std::size_t chunk_gates = 0;  // gate records [chunk bound][Hv][128] fp32 (ForwardParams::chunk_gates)
   CpDecision cp;
   CpRegions cp_regions;
   std::size_t checkpoint_offsets = 0;  // int32 [N + 1], varlen with checkpoints

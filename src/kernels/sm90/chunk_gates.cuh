@@ -1,4 +1,6 @@
-// The gates of one chunk, shared by the fused forward and backward kernels.
+// The gates of one chunk, shared by the fused forward and backward kernels. The chunk inverse also
+// writes them as a record per (chunk id, v-head) (ForwardParams::chunk_gates): gcum[64] then
+// beta[64], fp32, as store_chunk_gates lays them out; the v4 forward copies it with one bulk TMA.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -18,9 +18,11 @@
 //      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
 //      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
-// 16-byte vectors (entries above the diagonal are written as zeros).
+// 16-byte vectors (entries above the diagonal are written as zeros); where p.chunk_gates is set,
+// warp 0 also writes the chunk's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h].
 #pragma once
 
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -90,6 +92,10 @@ struct ChunkInverse {
                               : static_cast<const float*>(p.beta)[off];
       }
       s.beta[row] = beta;
+    }
+    if (p.chunk_gates != nullptr && warp == 0) {  // the chunk's gate record for the fused forward
+      float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
+      store_chunk_gates(record, record + kChunk, fetch_chunk_gates(p, b, where.first_token, where.rows, h));
     }
     cp_async_wait<0>();
     __syncthreads();

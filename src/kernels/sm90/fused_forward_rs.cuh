@@ -17,10 +17,10 @@
 //         panels each; A_r rows: one panel) into slot c % 2 and inverse[c % 2] on loaded[c % 2].
 //         During chunk c it issues chunk c+1's as soon as the state groups free slot (c+1) % 2
 //         (after chunk c-1): it polls free between the products and waits only after ready[c % 2].
-//         Warp 0 holds the next chunk's gates in registers (fetched after the chunk's proxy fence:
-//         its MEMBAR waits for every outstanding load of the thread). Per chunk: wait loaded; a partial chunk's
-//         rows past its end zeroed (they hold the next sequence or garbage); gates to shared memory;
-//         A_r fragments by ldmatrix; products; ready[c % 2].
+//         The gates come as the chunk's record written by the chunk inverse (chunk_gates.cuh), by
+//         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
+//         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
+//         next sequence or garbage); A_r fragments by ldmatrix; products; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -106,7 +106,6 @@ struct FusedForwardRs {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int b = static_cast<int>(item.batch);
-    const int warp = threadIdx.x / 32;
     const bool load_v = !item.zero_v;
     if (threadIdx.x == 0) {
       tma::barrier_init(&s.loaded[0], 1);
@@ -117,12 +116,16 @@ struct FusedForwardRs {
       for (int i = 0; i < 2; ++i) zero_rows(s.slot[i].v, 2, 0);
     Aux::group_sync(Aux::kAuxBarrier);
 
-    const uint32_t bytes = kPanelBytes * (3 + (with_o ? 2 : 0) + (load_v ? 2 : 0));
-    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes into slot c % 2
+    constexpr uint32_t kGateBytes = kChunk * sizeof(float);
+    const uint32_t bytes = kPanelBytes * (3 + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
+    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
       const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
       Slot& slot = s.slot[buf];
       uint64_t* loaded = &s.loaded[buf];
+      const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
       tma::arrive_expect_bytes(loaded, bytes);
+      tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
+      tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
       tma::load_4d(s.inverse[buf], &maps.inverse, loaded, 0, h, t0, b);
       for (int panel = 0; panel < 2; ++panel) {
         tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
@@ -130,16 +133,11 @@ struct FusedForwardRs {
         if (load_v) tma::load_4d(slot.v + panel * kPanelBytes, &maps.v, loaded, 64 * panel, h, t0, b);
       }
     };
-    ChunkGates gates;  // warp 0: the gates of the chunk loaded next
-    if (num_chunks > 0) {
-      if (threadIdx.x == 0) issue(0);
-      if (warp == 0) gates = fetch_chunk_gates(p, b, item.bos, Aux::chunk_rows(item, 0), h);
-    }
+    if (num_chunks > 0 && threadIdx.x == 0) issue(0);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
       Slot& slot = s.slot[buf];
-      const int64_t t0 = item.bos + c * kChunk;
       const int rows = Aux::chunk_rows(item, c);
       // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
       bool next_issued = c + 1 >= num_chunks;
@@ -160,13 +158,10 @@ struct FusedForwardRs {
         if (with_o) zero_rows(slot.q, 2, rows);
         if (load_v) zero_rows(slot.v, 2, rows);
         zero_rows(s.inverse[buf], 1, rows);
+        wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
+        Aux::group_sync(Aux::kAuxBarrier);
       }
-      if (warp == 0) store_chunk_gates(s.gcum[buf], s.beta[buf], gates);
-      wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
-      Aux::group_sync(Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 3);
-      // The next chunk's gates: after the fence, whose MEMBAR would wait for these loads.
-      if (warp == 0 && c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, Aux::chunk_rows(item, c + 1), h);
       typename Aux::InversePair a_r[4][4];
       inverse_fragments(s.inverse[buf], a_r);
       Aux::chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, issue_next_if_free);

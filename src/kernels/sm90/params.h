@@ -59,6 +59,8 @@ struct ForwardParams {
   bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
   bool register_state = false;       // fused forward: the register-state kernel (fused_forward_rs.cuh)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
+  float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
+                                     // by the chunk inverse where non-null; read by the v4 forward
   // FLASHGDN_TIMELINE builds only (kernels/sm90/timeline.cuh): clock64() at the phase boundaries of
   // the warp-specialized forwards' CTA (0, 0, 0); null: not recorded.
   unsigned long long* timeline = nullptr;

@@ -66,6 +66,14 @@ __device__ __forceinline__ bool test_wait(uint64_t* barrier, uint32_t phase) {
   return done != 0;
 }
 
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory into `dst`.
+__device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(barrier))
+               : "memory");
+}
+
 // Box at element coordinates (inner, outer) of the tensor described by `map` into `dst`.
 __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* barrier, int inner, int outer) {
   asm volatile(
