@@ -254,6 +254,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
   p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
+  // v4 takes Ag in place of A_r (kShardFinish reuses kShardMaps' inverse: both with one kernel).
+  p.gated_inverse = variant.kernel == FusedKernel::kRegisterState;
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {

@@ -87,6 +87,8 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
 struct ForwardVariant {
   kern::InverseKind inverse = kDefaultInverse;
   int32_t v_split = 0;  // mma.sync fused kernel's V split: 0 = choose_v_split, else 1 or 2
+  // kRegisterState also changes what the chunk inverse writes (Ag, gated): a shard's finish phase
+  // must pin the kernel its maps phase pinned.
   FusedKernel kernel = FusedKernel::kAuto;
 };
 

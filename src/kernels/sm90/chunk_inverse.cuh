@@ -18,9 +18,12 @@
 //      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
 //      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
-// 16-byte vectors (entries above the diagonal are written as zeros); where p.chunk_gates is set,
+// 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
+// forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; where p.chunk_gates is set,
 // warp 0 also writes the chunk's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h].
 #pragma once
+
+#include <type_traits>
 
 #include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/params.h"
@@ -45,6 +48,7 @@ struct ChunkInverse {
     };
     float l[kChunk * kPitchF];
     float beta[kChunk];
+    float gcum[kChunk];  // log2 units (chunk_gates.cuh)
   };
 
   // acc [16,8] += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in shared memory (A at a:
@@ -82,7 +86,16 @@ struct ChunkInverse {
       cp_async_16(&s.k[row * kPitchK + vec * 8], src, valid);
     }
     cp_async_commit();
-    if (threadIdx.x < kChunk) {
+    if (p.chunk_gates != nullptr || p.gated_inverse) {  // the gates too (the forward's calls)
+      if (warp == 0) {  // beta (0 past the chunk), gcum and the chunk's gate record
+        const ChunkGates gates = fetch_chunk_gates(p, b, where.first_token, where.rows, h);
+        store_chunk_gates(s.gcum, s.beta, gates);
+        if (p.chunk_gates != nullptr) {
+          float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
+          store_chunk_gates(record, record + kChunk, gates);
+        }
+      }
+    } else if (threadIdx.x < kChunk) {  // beta only (0 past the chunk)
       const int row = threadIdx.x;
       float beta = 0.f;
       if (row < where.rows) {
@@ -92,10 +105,6 @@ struct ChunkInverse {
                               : static_cast<const float*>(p.beta)[off];
       }
       s.beta[row] = beta;
-    }
-    if (p.chunk_gates != nullptr && warp == 0) {  // the chunk's gate record for the fused forward
-      float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
-      store_chunk_gates(record, record + kChunk, fetch_chunk_gates(p, b, where.first_token, where.rows, h));
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -152,21 +161,33 @@ struct ChunkInverse {
       __syncthreads();
     }
 
-    // Output rows of valid tokens in 16-byte vectors (8 bf16 or 4 fp32 columns, inside one 16 x 16
-    // block: X's blocks above the diagonal are never formed and are written as zeros).
-    constexpr int kVecElems = 16 / static_cast<int>(sizeof(InverseT));
+    if constexpr (std::is_same_v<InverseT, float>)
+      write_rows<float>(p, s, b, where, h, false);
+    else if (p.gated_inverse)
+      write_rows<Elem>(p, s, b, where, h, true);
+    else
+      write_rows<InverseT>(p, s, b, where, h, false);
+  }
+
+  // Rows of valid tokens in 16-byte vectors (8 2-byte or 4 fp32 columns, inside one 16 x 16 block:
+  // X's blocks above the diagonal are never formed and are written as zeros); gated: Ag[s, t] =
+  // 2^(gcum_s - gcum_t) X[s, t] beta_t for t <= s (the exponent is <= 0 there; above, 0).
+  template <typename Out>
+  static __device__ __forceinline__ void write_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
+                                                    const ChunkLocation& where, int h, bool gated) {
+    constexpr int kVecElems = 16 / static_cast<int>(sizeof(Out));
     constexpr int kRowVecs = kChunk / kVecElems;
-    InverseT* out = static_cast<InverseT*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
+    Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
     for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
       const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
       const bool formed = col0 / 16 <= row / 16;
-      alignas(16) InverseT values[kVecElems];
+      alignas(16) Out values[kVecElems];
 #pragma unroll
-      for (int i = 0; i < kVecElems; i += 4) {
-        const float4 x = formed ? *reinterpret_cast<const float4*>(&s.x[row * kPitchF + col0 + i])
-                                : make_float4(0.f, 0.f, 0.f, 0.f);
-        values[i] = static_cast<InverseT>(x.x), values[i + 1] = static_cast<InverseT>(x.y);
-        values[i + 2] = static_cast<InverseT>(x.z), values[i + 3] = static_cast<InverseT>(x.w);
+      for (int i = 0; i < kVecElems; ++i) {
+        const int col = col0 + i;
+        float x = formed ? s.x[row * kPitchF + col] : 0.f;
+        if (gated) x = col <= row ? exp2_approx(s.gcum[row] - s.gcum[col]) * x * s.beta[col] : 0.f;
+        values[i] = static_cast<Out>(x);
       }
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0) =
           *reinterpret_cast<const uint4*>(values);

@@ -57,8 +57,10 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (std::is_same_v<InverseT, float>)
       return cudaErrorInvalidValue;
     else {
-      ForwardTileMaps maps;  // the TMA descriptors of q, k, v and the inverse
-      if (encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+      ForwardTileMaps maps;  // the TMA descriptors of q, k, v and the gated inverse
+      if (!p.gated_inverse || p.chunk_gates == nullptr ||
+          encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
       return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1,
                                                              stream, maps);
     }

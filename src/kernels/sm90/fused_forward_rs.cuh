@@ -12,15 +12,18 @@
 // product to the next without shared memory, fences between proxies or barriers.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
-//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's products (P, Ag, -W~) fed
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's products P and -W~ fed
 //         by TMA: thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two 64-column
-//         panels each; A_r rows: one panel) into slot c % 2 and inverse[c % 2] on loaded[c % 2].
+//         panels each; Ag = G (.) A_r (.) 1 beta^T, which the chunk inverse writes in the input
+//         dtype for this kernel (ForwardParams::gated_inverse): one panel, straight into slot.ag)
+//         into slot c % 2 on loaded[c % 2].
 //         During chunk c it issues chunk c+1's as soon as the state groups free slot (c+1) % 2
 //         (after chunk c-1): it polls free between the products and waits only after ready[c % 2].
 //         The gates come as the chunk's record written by the chunk inverse (chunk_gates.cuh), by
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
-//         next sequence or garbage); A_r fragments by ldmatrix; products; ready[c % 2].
+//         next sequence or garbage); P; -B~ = -Ag diag(Gamma) from Ag's fragments (ldmatrix);
+//         -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -33,9 +36,8 @@
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
-// Shared memory (209 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns); inverse [2][64][64] (A_r rows of the slot's chunk, one swizzled panel); gcum,
-// beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
+// Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
 #pragma once
@@ -68,7 +70,6 @@ struct FusedForwardRs {
   struct SharedStorage {
     Slot slot[2];
     alignas(1024) unsigned char o[2][kTokenTileBytes];
-    alignas(1024) unsigned char inverse[2][kPanelBytes];  // A_r rows of the slot's chunk
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
     alignas(8) uint64_t ready[2];
@@ -87,18 +88,46 @@ struct FusedForwardRs {
       *reinterpret_cast<uint4*>(tiles + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
   }
 
-  // This thread's A_r fragments (fused_forward_ws.cuh's layout) from the swizzled panel: k-step ks
+  // This thread's A fragments of a [64][64] swizzled panel (fused_forward_ws.cuh's layout): k-step ks
   // is ldmatrix.x4 of rows 16 w + lane % 16, columns 16 ks + 8 (lane / 16).
-  static __device__ __forceinline__ void inverse_fragments(const unsigned char* panel,
-                                                           typename Aux::InversePair (&a_r)[4][4]) {
+  static __device__ __forceinline__ void panel_fragments(const unsigned char* panel, uint32_t (&frag)[4][4]) {
     const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x / 32) % 4) + lane % 16;
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      uint32_t regs[4];
-      ldmatrix_x4(regs, panel + wg::swizzled_offset(row, 16 * ks + 8 * (lane / 16)));
+    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(frag[ks], panel + wg::swizzled_offset(row, 16 * ks + 8 * (lane / 16)));
+  }
+
+  static __device__ __forceinline__ float2 unpack_pair(uint32_t x) {
+    if constexpr (std::is_same_v<Elem, __half>)
+      return __half22float2(*reinterpret_cast<const __half2*>(&x));
+    else
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  }
+
+  // P and -W~ of chunk c into `slot` (Ag arrived there from the chunk inverse, gated): -B~ = -Ag
+  // diag(Gamma), Ag's fragments with column t scaled by -e^{g_t}. between() runs after P.
+  template <typename Between>
+  static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
+                                                        bool with_o, int64_t c, Between&& between) {
+    const int r = Tiles::acc_row(0);
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    float g_col[16];
+    Aux::column_values(gcum, g_col);
+    if (with_o) Aux::product_p(slot, g_rows, g_col);
+    timeline_mark(p, 0, c, 4);
+    between();
+    uint32_t b_tilde[4][4];
+    panel_fragments(slot.ag, b_tilde);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) a_r[ks][q] = *reinterpret_cast<const typename Aux::InversePair*>(&regs[q]);
-    }
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int at = 4 * ks + 2 * (q / 2);  // columns 16 ks + 8 (q / 2) + c_lane (+ 1)
+        const float2 ag = unpack_pair(b_tilde[ks][q]);
+        b_tilde[ks][q] = pack_pair<Elem>(-exp2_approx(g_col[at]) * ag.x, -exp2_approx(g_col[at + 1]) * ag.y);
+      }
+    timeline_mark(p, 0, c, 5);
+    Aux::product_w_neg(slot, b_tilde);
+    timeline_mark(p, 0, c, 6);
   }
 
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
@@ -126,7 +155,7 @@ struct FusedForwardRs {
       tma::arrive_expect_bytes(loaded, bytes);
       tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
       tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
-      tma::load_4d(s.inverse[buf], &maps.inverse, loaded, 0, h, t0, b);
+      tma::load_4d(slot.ag, &maps.inverse, loaded, 0, h, t0, b);
       for (int panel = 0; panel < 2; ++panel) {
         tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
         if (with_o) tma::load_4d(slot.q + panel * kPanelBytes, &maps.q, loaded, 64 * panel, hk, t0, b);
@@ -157,14 +186,12 @@ struct FusedForwardRs {
         zero_rows(slot.k, 2, rows);
         if (with_o) zero_rows(slot.q, 2, rows);
         if (load_v) zero_rows(slot.v, 2, rows);
-        zero_rows(s.inverse[buf], 1, rows);
+        zero_rows(slot.ag, 1, rows);
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
         Aux::group_sync(Aux::kAuxBarrier);
       }
       timeline_mark(p, 0, c, 3);
-      typename Aux::InversePair a_r[4][4];
-      inverse_fragments(s.inverse[buf], a_r);
-      Aux::chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, issue_next_if_free);
+      chunk_products(p, slot, s.gcum[buf], with_o, c, issue_next_if_free);
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);

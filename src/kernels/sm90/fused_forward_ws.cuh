@@ -157,73 +157,38 @@ struct FusedForwardWs {
       }
   }
 
-  // P, Ag and -W~ of chunk c into `slot`, from its tiles, the chunk's gates gcum / beta and this
-  // thread's A_r fragments (zero past the chunk's rows). between() runs after P and after Ag: the
-  // TMA-fed aux group of fused_forward_rs.cuh issues its next loads there once their slot is free.
-  template <typename Between>
-  static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
-                                                        const float* beta, const InversePair (&a_r)[4][4], int rows,
-                                                        bool with_o, int64_t c, Between&& between) {
-    const int lane = threadIdx.x % 32;
-    const int r = Tiles::acc_row(0), c_lane = 2 * (lane % 4);
-    const float g_rows[2] = {gcum[r], gcum[r + 8]};
-    // The gates (and, after P, the betas) of this thread's accumulator columns 8 j + c_lane (+ 1):
-    // index 2 j (+ 1).
-    float g_col[16], beta_col[16];
+  // The values of this thread's accumulator columns 8 j + c_lane (+ 1) of a per-token array
+  // (gates, betas): index 2 j (+ 1).
+  static __device__ __forceinline__ void column_values(const float* values, float (&out)[16]) {
+    const int c_lane = 2 * (threadIdx.x % 4);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
-      g_col[2 * j] = g.x, g_col[2 * j + 1] = g.y;
+      const float2 x = *reinterpret_cast<const float2*>(values + 8 * j + c_lane);
+      out[2 * j] = x.x, out[2 * j + 1] = x.y;
     }
+  }
 
-    if (with_o) {  // P = G (.) Q K^T, lower triangle with diagonal
-      Acc qk;
-      wg::fence();
+  // P [64,64] = G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
+  // this thread's rows r, r + 8 and its columns, column_values).
+  static __device__ __forceinline__ void product_p(Slot& slot, const float (&g_rows)[2], const float (&g_col)[16]) {
+    Acc qk;
+    wg::fence();
 #pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operand(qk);
-      Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
-        const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-        return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
-      });
-    }
-    timeline_mark(p, 0, c, 4);
-    between();
-
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 be = *reinterpret_cast<const float2*>(beta + 8 * j + c_lane);
-      beta_col[2 * j] = be.x, beta_col[2 * j + 1] = be.y;
-    }
-    // Ag (accumulator element (j, e) is fragment register q = e / 2 + 2 (j % 2) of k-step j / 2).
-    Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
+                                                 wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(qk);
+    Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
       const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-      const float2 pair = to_float2(a_r[j / 2][e / 2 + 2 * (j % 2)]);
-      const float x = e % 2 == 0 ? pair.x : pair.y;
-      const int at = 2 * j + e % 2;
-      return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
+      return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
     });
-    timeline_mark(p, 0, c, 5);
-    between();
+  }
 
-    // -W~ = (-B~) K, -B~ = -Gamma A_r diag(beta) as register A fragments (the sign here: the
-    // product needs no negation pass).
-    uint32_t b_tilde[4][4];
-    const float row_decay[2] = {r < rows ? -exp2_approx(g_rows[0]) : 0.f, r + 8 < rows ? -exp2_approx(g_rows[1]) : 0.f};
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2), at = 4 * ks + 2 * (q / 2);
-        const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
-        b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
-                                         col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
-      }
-    // In two 64-key halves (panel i of the K tile), so that one m64n64 accumulator is live.
+  // -W~ [64,128] = (-B~) @ K into slot.w_neg, -B~ given as this thread's register A fragments; in
+  // two 64-key halves (panel i of the K tile), so that one m64n64 accumulator is live.
+  static __device__ __forceinline__ void product_w_neg(Slot& slot, const uint32_t (&b_tilde)[4][4]) {
 #pragma unroll
     for (int panel = 0; panel < 2; ++panel) {
       Acc w;
@@ -238,6 +203,44 @@ struct FusedForwardWs {
       wg::fence_operand(w);
       Tiles::store_fragments(slot.w_neg + panel * kPanelBytes, 0, [&](int j, int e) { return w[4 * j + e]; });
     }
+  }
+
+  // P, Ag and -W~ of chunk c into `slot`, from its tiles, the chunk's gates gcum / beta and this
+  // thread's A_r fragments (zero past the chunk's rows).
+  static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
+                                                        const float* beta, const InversePair (&a_r)[4][4], int rows,
+                                                        bool with_o, int64_t c) {
+    const int r = Tiles::acc_row(0), c_lane = 2 * (threadIdx.x % 4);
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    float g_col[16], beta_col[16];
+    column_values(gcum, g_col);
+    if (with_o) product_p(slot, g_rows, g_col);
+    timeline_mark(p, 0, c, 4);
+
+    column_values(beta, beta_col);
+    // Ag (accumulator element (j, e) is fragment register q = e / 2 + 2 (j % 2) of k-step j / 2).
+    Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
+      const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
+      const float2 pair = to_float2(a_r[j / 2][e / 2 + 2 * (j % 2)]);
+      const float x = e % 2 == 0 ? pair.x : pair.y;
+      const int at = 2 * j + e % 2;
+      return row >= col && row < rows ? exp2_approx(g_rows[e / 2] - g_col[at]) * x * beta_col[at] : 0.f;
+    });
+    timeline_mark(p, 0, c, 5);
+
+    // -B~ = -Gamma A_r diag(beta) (the sign here: the product needs no negation pass).
+    uint32_t b_tilde[4][4];
+    const float row_decay[2] = {r < rows ? -exp2_approx(g_rows[0]) : 0.f, r + 8 < rows ? -exp2_approx(g_rows[1]) : 0.f};
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int row = r + 8 * (q % 2), col = 16 * ks + c_lane + 8 * (q / 2), at = 4 * ks + 2 * (q / 2);
+        const float2 pair = to_float2(a_r[ks][q]);  // lower triangle only, as Ag (A_r has zeros above)
+        b_tilde[ks][q] = pack_pair<Elem>(col <= row ? row_decay[q % 2] * pair.x * beta_col[at] : 0.f,
+                                         col + 1 <= row ? row_decay[q % 2] * pair.y * beta_col[at + 1] : 0.f);
+      }
+    product_w_neg(slot, b_tilde);
     timeline_mark(p, 0, c, 6);
   }
 
@@ -269,7 +272,7 @@ struct FusedForwardWs {
       wg::fence_shared_to_async();  // the landed tiles, for the wgmmas below
       group_sync(kAuxBarrier);      // ... and every thread's tiles and the gates, for the whole group
       timeline_mark(p, 0, c, 3);
-      chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c, [] {});
+      chunk_products(p, slot, s.gcum[buf], s.beta[buf], a_r, rows, with_o, c);
       wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);

@@ -59,6 +59,8 @@ struct ForwardParams {
   bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
   bool register_state = false;       // fused forward: the register-state kernel (fused_forward_rs.cuh)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
+  bool gated_inverse = false;        // the chunk inverse writes Ag = G (.) A_r (.) 1 beta^T in the input
+                                     // dtype instead of A_r (the v4 forward, which TMAs it into place)
   float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
                                      // by the chunk inverse where non-null; read by the v4 forward
   // FLASHGDN_TIMELINE builds only (kernels/sm90/timeline.cuh): clock64() at the phase boundaries of

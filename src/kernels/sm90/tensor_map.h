@@ -70,10 +70,10 @@ inline CUresult encode_token_map(CUtensorMap* map, const void* base, uint64_t ba
 // parameter beside ForwardParams.
 struct ForwardTileMaps {
   CUtensorMap q, k, v;  // (b, t, h, 128) panels of the inputs
-  CUtensorMap inverse;  // A_r rows, (b, t, hv, 64): one panel
+  CUtensorMap inverse;  // Ag rows (the gated inverse, in the input dtype), (b, t, hv, 64): one panel
 };
 
-// The maps of p's q, k, v (f16: fp16, else bf16) and bf16 inverse; the first failing status.
+// The maps of p's q, k, v and gated inverse (f16: fp16, else bf16); the first failing status.
 inline CUresult encode_forward_maps(const ForwardParams& p, bool f16, ForwardTileMaps* maps) {
   const auto tokens = static_cast<uint64_t>(p.seqlen), batch = static_cast<uint64_t>(p.batch);
   const auto qk_heads = static_cast<uint64_t>(p.num_qk_heads), v_heads = static_cast<uint64_t>(p.num_v_heads);
@@ -84,7 +84,7 @@ inline CUresult encode_forward_maps(const ForwardParams& p, bool f16, ForwardTil
   for (const CUresult r : {inputs(&maps->q, p.q, p.q_strides, qk_heads), inputs(&maps->k, p.k, p.k_strides, qk_heads),
                            inputs(&maps->v, p.v, p.v_strides, v_heads),
                            encode_token_map(&maps->inverse, p.inverse, batch, tokens, v_heads, 64,
-                                            p.seqlen * inverse_row, inverse_row, 64, false)})
+                                            p.seqlen * inverse_row, inverse_row, 64, f16)})
     if (r != CUDA_SUCCESS) return r;
   return CUDA_SUCCESS;
 }
