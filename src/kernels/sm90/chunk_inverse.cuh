@@ -47,8 +47,8 @@ struct ChunkInverse {
       };
     };
     float l[kChunk * kPitchF];
-    float beta[kChunk];
-    float gcum[kChunk];  // log2 units (chunk_gates.cuh)
+    alignas(16) float beta[kChunk];
+    alignas(16) float gcum[kChunk];  // log2 units (chunk_gates.cuh)
   };
 
   // acc [16,8] += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in shared memory (A at a:
@@ -181,14 +181,28 @@ struct ChunkInverse {
     for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
       const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
       const bool formed = col0 / 16 <= row / 16;
+      float x[kVecElems];
+#pragma unroll
+      for (int i = 0; i < kVecElems; i += 4) {
+        const float4 x4 = formed ? *reinterpret_cast<const float4*>(&s.x[row * kPitchF + col0 + i])
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[i] = x4.x, x[i + 1] = x4.y, x[i + 2] = x4.z, x[i + 3] = x4.w;
+      }
+      if (gated) {
+        const float g_row = s.gcum[row];
+#pragma unroll
+        for (int i = 0; i < kVecElems; i += 4) {
+          const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[col0 + i]);
+          const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[col0 + i]);
+          const float g[4] = {g4.x, g4.y, g4.z, g4.w}, be[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            x[i + j] = col0 + i + j <= row ? exp2_approx(g_row - g[j]) * x[i + j] * be[j] : 0.f;
+        }
+      }
       alignas(16) Out values[kVecElems];
 #pragma unroll
-      for (int i = 0; i < kVecElems; ++i) {
-        const int col = col0 + i;
-        float x = formed ? s.x[row * kPitchF + col] : 0.f;
-        if (gated) x = col <= row ? exp2_approx(s.gcum[row] - s.gcum[col]) * x * s.beta[col] : 0.f;
-        values[i] = static_cast<Out>(x);
-      }
+      for (int i = 0; i < kVecElems; ++i) values[i] = static_cast<Out>(x[i]);
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0) =
           *reinterpret_cast<const uint4*>(values);
     }
