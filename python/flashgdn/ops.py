@@ -159,10 +159,10 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
     context parallelism). context_parallel: 0 auto, 1 off, 2 on (cp_segment_chunks: segment length in
     64-token chunks, 0 = the planner's). inverse_fp32, v_split (0 automatic, 1 or 2: CTAs per
-    (sequence, v-head) of the mma.sync fused kernel) and kernel (0 automatic: wgmma unless v_split is
-    pinned, 1 mma.sync, 2 wgmma, 3 warp-specialized wgmma, 4 warp-specialized with the state in
-    registers) pin kernel variants for measurements and
-    tests.
+    (sequence, v-head) of the mma.sync fused kernel) and kernel (0 automatic: 4 with the bf16
+    inverse, 2 with inverse_fp32, 1 when v_split is pinned; 1 mma.sync, 2 wgmma, 3 warp-specialized
+    wgmma, 4 warp-specialized with the state in registers, fed by TMA) pin kernel variants for
+    measurements and tests.
 
     State pools (serving): with initial_state_indices (int32 [N] on the device) initial_state is a
     pool [P, Hv, K, V] and sequence n starts from slot initial_state_indices[n] (-1: zero); with

@@ -227,6 +227,12 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (variant.kernel == FusedKernel::kRegisterState && variant.inverse == kern::InverseKind::kF32)
     return {StatusCode::kInvalidArgument, "kernel: 4 (register state) takes the bf16 inverse only (inverse_fp32 off)"};
   const kern::InverseKind inverse = variant.inverse;
+  // kAuto: the register-state kernel (v4) with the bf16 inverse, the wgmma kernel with the fp32 one,
+  // the mma.sync kernel when a V split is forced (launch_forward_passes).
+  const FusedKernel kernel = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
+                                     inverse == kern::InverseKind::kBF16
+                                 ? FusedKernel::kRegisterState
+                                 : variant.kernel;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
@@ -255,7 +261,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.inverse = ws + layout.inverse;
   p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
   // v4 takes Ag in place of A_r (kShardFinish reuses kShardMaps' inverse: both with one kernel).
-  p.gated_inverse = variant.kernel == FusedKernel::kRegisterState;
+  p.gated_inverse = kernel == FusedKernel::kRegisterState;
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {
@@ -277,7 +283,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kMaps
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
-  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split, variant.kernel, stages);
+  if (auto s = launch_forward_passes(p, elem, inverse, nullptr, stream, variant.v_split, kernel, stages);
       !s.ok())
     return s;
   if (phase == ShardPhase::kMaps) return {};

@@ -46,9 +46,10 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
 // Points p's CP fields at the regions and launches segment_offsets (varlen).
 Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
                unsigned char* workspace, cudaStream_t stream);
-// Which fused forward kernel runs: kAuto = the wgmma kernel (fused_forward_wg.cuh) unless a V
-// split is forced; kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one;
-// kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (neither for passes
+// Which fused forward kernel runs: kAuto = the register-state kernel (fused_forward_rs.cuh) with the
+// bf16 inverse in forward_with (launch_forward_passes, which the backward calls too: the wgmma
+// kernel), the mma.sync kernel when a V split is forced; kMmaSync = fused_forward.cuh (mma.sync,
+// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (neither for passes
 // that write chunk_states: those run the wgmma kernel).
 enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3, kRegisterState = 4 };
 

@@ -187,9 +187,9 @@ def test_v_split_bitwise(seed, case):
 
 @pytest.mark.parametrize("case", ["batch", "varlen", "v_first_fp16", "cp", "gva_strong", "zero_no_h0"])
 def test_wgmma_and_mma_sync_kernels(seed, case):
-    """The four fused kernels, mma.sync, wgmma (the default), warp-specialized wgmma (WY form) and
+    """The four fused kernels, mma.sync, wgmma (the reference here), warp-specialized wgmma (WY form) and
     warp-specialized with the state in registers (WY form, transposed): each within tolerance of the
-    oracle, and of the default (the same algebra in another accumulation order)."""
+    oracle, and of wgmma (the same algebra in another accumulation order)."""
     cu, mode, vk, dtype, regime, h0 = None, 1, case == "v_first_fp16", torch.bfloat16, "model", True
     shape = (2, 700, 2, 4)
     if case == "v_first_fp16":
