@@ -1,7 +1,11 @@
 // GPU unit test of the TMA primitives (src/kernels/sm90/tma.cuh, tensor_map.h): two 64 x 64 boxes
 // of a [100][192] bf16 tensor loaded through one mbarrier land in shared memory exactly in the
 // swizzled panel layout that wgmma.cuh's descriptors read (wg::tile_offset), and the rows past the
-// tensor's end arrive as zeros. Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
+// tensor's end arrive as zeros. Then the 4-D token maps of the fused forward (encode_token_map,
+// load_4d): boxes of 64 tokens x 64 columns of one head and batch row of a (2, 100, 3, 128) tensor
+// with padded strides, tokens past the end as zeros, and a map whose extent-1 head and batch
+// dimensions carry strides TMA could not take (they are never stepped).
+// Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -48,6 +52,78 @@ __global__ void load_kernel(const __grid_constant__ CUtensorMap map, const uint1
   atomicAdd(mismatches, bad);
 }
 
+struct TokenBox {
+  int col, head, token, batch;
+};
+struct TokenTensor {  // element strides; tokens: the extent past which the box reads zeros
+  int64_t batch_stride, token_stride, head_stride;
+  int tokens;
+};
+
+__global__ void load_token_box(const __grid_constant__ CUtensorMap map, TokenBox box, TokenTensor tensor,
+                               const uint16_t* global, int* mismatches) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ uint64_t barrier;
+  if (threadIdx.x == 0) {
+    tma::barrier_init(&barrier, 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tma::arrive_expect_bytes(&barrier, kBoxBytes);
+    tma::load_4d(smem, &map, &barrier, box.col, box.head, box.token, box.batch);
+  }
+  tma::wait(&barrier, 0);
+  int bad = 0;
+  for (int e = threadIdx.x; e < kBox * kBox; e += blockDim.x) {
+    const int r = e / kBox, c = e % kBox, t = box.token + r;
+    const uint16_t want = t < tensor.tokens ? global[box.batch * tensor.batch_stride + t * tensor.token_stride +
+                                                     box.head * tensor.head_stride + box.col + c]
+                                            : 0;
+    bad += *reinterpret_cast<const uint16_t*>(smem + wg::tile_offset(r, c, kBox)) != want;
+  }
+  atomicAdd(mismatches, bad);
+}
+
+// The 4-D token maps; returns the mismatching elements (-1 on an encoding or CUDA error).
+int check_token_maps() {
+  constexpr int kB = 2, kT = 100, kH = 3, kD = 128;
+  const TokenTensor padded{0, kH * 192 + 64, 192, kT};  // batch stride below
+  const int64_t batch_stride = kT * padded.token_stride + 128;
+  std::vector<uint16_t> host(kB * batch_stride);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint16_t>(1 + i % 65000);
+  uint16_t* global = nullptr;
+  int* mismatches = nullptr;
+  cudaMalloc(&global, host.size() * 2);
+  cudaMalloc(&mismatches, sizeof(int));
+  cudaMemcpy(global, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(mismatches, 0, sizeof(int));
+  CUtensorMap map, single;
+  const TokenTensor full{batch_stride, padded.token_stride, padded.head_stride, kT};
+  // one head of batch row 0 viewed as (1, T, 1, 128): the head and batch strides 5 and 3 (not
+  // 16-byte multiples) must be replaced, not passed to the driver
+  const TokenTensor one_head{0, padded.token_stride, 0, kT};
+  if (flashgdn::kern::encode_token_map(&map, global, kB, kT, kH, kD, full.batch_stride, full.token_stride,
+                                       full.head_stride, false) != CUDA_SUCCESS ||
+      flashgdn::kern::encode_token_map(&single, global, 1, kT, 1, kD, 3, one_head.token_stride, 5, false) !=
+          CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled refused a token map\n");
+    return -1;
+  }
+  cudaFuncSetAttribute(load_token_box, cudaFuncAttributeMaxDynamicSharedMemorySize, kBoxBytes);
+  for (const TokenBox box : {TokenBox{64, 2, 64, 1}, TokenBox{0, 0, 0, 0}, TokenBox{64, 1, 36, 1}})
+    load_token_box<<<1, 128, kBoxBytes>>>(map, box, full, global, mismatches);
+  load_token_box<<<1, 128, kBoxBytes>>>(single, TokenBox{64, 0, 40, 0}, one_head, global, mismatches);
+  int bad = -1;
+  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
+    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+  else
+    cudaMemcpy(&bad, mismatches, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(global);
+  cudaFree(mismatches);
+  return bad;
+}
+
 }  // namespace
 
 int main() {
@@ -78,5 +154,9 @@ int main() {
               bad, bad == 0 ? "ok" : "FAIL");
   cudaFree(global);
   cudaFree(mismatches);
-  return bad == 0 ? 0 : 1;
+  const int bad_4d = check_token_maps();
+  std::printf("TMA 4-D token boxes (padded strides, zero fill past token %d, extent-1 strides replaced): %d "
+              "mismatching elements: %s\n",
+              100, bad_4d, bad_4d == 0 ? "ok" : "FAIL");
+  return bad == 0 && bad_4d == 0 ? 0 : 1;
 }
