@@ -48,12 +48,15 @@ if [ -d .whl ]; then
 fi
 [ "$MODE" = stage ] && exit 0
 
-kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py)
+kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py);
+  # every configuration's summary also goes to kernel_times.txt (the raw ncu log of the last one: kernel_times.log)
   for config in "$@"; do
     timeout 180 ncu --clock-control none --kernel-name-base demangled -k regex:flashgdn \
       --metrics gpu__time_duration.sum python3 bench/profile_forward.py $config >"$OUT/kernel_times.log" 2>&1
-    echo "kernel times, $config:"
-    grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
+    {
+      echo "kernel times, $config:"
+      grep -E "^  [a-z].*\(|gpu__time_duration" "$OUT/kernel_times.log" | sed -E 's/<.*//; s/ +/ /g' | paste - - | cut -c1-150 | head -12
+    } | tee -a "$OUT/kernel_times.txt"
   done
 }
 
