@@ -27,14 +27,20 @@ namespace wg = flashgdn::kern::wg;
 constexpr int kRows = 100, kCols = 192, kBox = 64;
 constexpr int kBoxBytes = kBox * kBox * 2;
 
-__global__ void load_kernel(const __grid_constant__ CUtensorMap map, const uint16_t* global, int* mismatches) {
-  extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ uint64_t barrier;
+// Thread 0 sets up `barrier` for one arrival (plus the loads' bytes), visible to the TMA unit; the
+// block waits for it.
+__device__ void init_barrier(uint64_t* barrier) {
   if (threadIdx.x == 0) {
-    tma::barrier_init(&barrier, 1);
+    tma::barrier_init(barrier, 1);
     tma::fence_barrier_init();
   }
   __syncthreads();
+}
+
+__global__ void load_kernel(const __grid_constant__ CUtensorMap map, const uint16_t* global, int* mismatches) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ uint64_t barrier;
+  init_barrier(&barrier);
   if (threadIdx.x == 0) {
     tma::arrive_expect_bytes(&barrier, 2 * kBoxBytes);
     tma::load_2d(smem, &map, &barrier, 64, 0);               // rows 0-63, columns 64-127
@@ -64,11 +70,7 @@ __global__ void load_token_box(const __grid_constant__ CUtensorMap map, TokenBox
                                const uint16_t* global, int* mismatches) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ uint64_t barrier;
-  if (threadIdx.x == 0) {
-    tma::barrier_init(&barrier, 1);
-    tma::fence_barrier_init();
-  }
-  __syncthreads();
+  init_barrier(&barrier);
   if (threadIdx.x == 0) {
     tma::arrive_expect_bytes(&barrier, kBoxBytes);
     tma::load_4d(smem, &map, &barrier, box.col, box.head, box.token, box.batch);
@@ -85,6 +87,48 @@ __global__ void load_token_box(const __grid_constant__ CUtensorMap map, TokenBox
   atomicAdd(mismatches, bad);
 }
 
+// `host` in device memory and a zeroed mismatch counter, freed with the object.
+struct Upload {
+  uint16_t* global = nullptr;
+  int* mismatches = nullptr;
+  explicit Upload(const std::vector<uint16_t>& host) {
+    cudaMalloc(&global, host.size() * 2);
+    cudaMalloc(&mismatches, sizeof(int));
+    cudaMemcpy(global, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemset(mismatches, 0, sizeof(int));
+  }
+  ~Upload() {
+    cudaFree(global);
+    cudaFree(mismatches);
+  }
+  // After the kernels: the mismatch count, -1 on a CUDA error.
+  int mismatch_count() const {
+    if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+      return -1;
+    }
+    int bad = -1;
+    cudaMemcpy(&bad, mismatches, sizeof(int), cudaMemcpyDeviceToHost);
+    return bad;
+  }
+};
+
+// The 2-D panel map; returns the mismatching elements (-1 on an encoding or CUDA error).
+int check_panel_map() {
+  std::vector<uint16_t> host(kRows * kCols);
+  for (int i = 0; i < kRows * kCols; ++i) host[i] = static_cast<uint16_t>(1 + i);  // distinct, non-zero
+  const Upload up(host);
+  CUtensorMap map;
+  if (CUresult r = flashgdn::kern::encode_panel_map(&map, up.global, kRows, kCols, kCols * 2, kBox, false);
+      r != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
+    return -1;
+  }
+  cudaFuncSetAttribute(load_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kBoxBytes);
+  load_kernel<<<1, 128, 2 * kBoxBytes>>>(map, up.global, up.mismatches);
+  return up.mismatch_count();
+}
+
 // The 4-D token maps; returns the mismatching elements (-1 on an encoding or CUDA error).
 int check_token_maps() {
   constexpr int kB = 2, kT = 100, kH = 3, kD = 128;
@@ -92,71 +136,36 @@ int check_token_maps() {
   const int64_t batch_stride = kT * padded.token_stride + 128;
   std::vector<uint16_t> host(kB * batch_stride);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint16_t>(1 + i % 65000);
-  uint16_t* global = nullptr;
-  int* mismatches = nullptr;
-  cudaMalloc(&global, host.size() * 2);
-  cudaMalloc(&mismatches, sizeof(int));
-  cudaMemcpy(global, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemset(mismatches, 0, sizeof(int));
+  const Upload up(host);
   CUtensorMap map, single;
   const TokenTensor full{batch_stride, padded.token_stride, padded.head_stride, kT};
   // one head of batch row 0 viewed as (1, T, 1, 128): the head and batch strides 5 and 3 (not
   // 16-byte multiples) must be replaced, not passed to the driver
   const TokenTensor one_head{0, padded.token_stride, 0, kT};
-  if (flashgdn::kern::encode_token_map(&map, global, kB, kT, kH, kD, full.batch_stride, full.token_stride,
+  if (flashgdn::kern::encode_token_map(&map, up.global, kB, kT, kH, kD, full.batch_stride, full.token_stride,
                                        full.head_stride, false) != CUDA_SUCCESS ||
-      flashgdn::kern::encode_token_map(&single, global, 1, kT, 1, kD, 3, one_head.token_stride, 5, false) !=
+      flashgdn::kern::encode_token_map(&single, up.global, 1, kT, 1, kD, 3, one_head.token_stride, 5, false) !=
           CUDA_SUCCESS) {
     std::printf("cuTensorMapEncodeTiled refused a token map\n");
     return -1;
   }
   cudaFuncSetAttribute(load_token_box, cudaFuncAttributeMaxDynamicSharedMemorySize, kBoxBytes);
   for (const TokenBox box : {TokenBox{64, 2, 64, 1}, TokenBox{0, 0, 0, 0}, TokenBox{64, 1, 36, 1}})
-    load_token_box<<<1, 128, kBoxBytes>>>(map, box, full, global, mismatches);
-  load_token_box<<<1, 128, kBoxBytes>>>(single, TokenBox{64, 0, 40, 0}, one_head, global, mismatches);
-  int bad = -1;
-  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
-    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-  else
-    cudaMemcpy(&bad, mismatches, sizeof(int), cudaMemcpyDeviceToHost);
-  cudaFree(global);
-  cudaFree(mismatches);
-  return bad;
+    load_token_box<<<1, 128, kBoxBytes>>>(map, box, full, up.global, up.mismatches);
+  load_token_box<<<1, 128, kBoxBytes>>>(single, TokenBox{64, 0, 40, 0}, one_head, up.global, up.mismatches);
+  return up.mismatch_count();
 }
 
 }  // namespace
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  std::vector<uint16_t> host(kRows * kCols);
-  for (int i = 0; i < kRows * kCols; ++i) host[i] = static_cast<uint16_t>(1 + i);  // distinct, non-zero
-  uint16_t* global = nullptr;
-  int* mismatches = nullptr;
-  cudaMalloc(&global, host.size() * 2);
-  cudaMalloc(&mismatches, sizeof(int));
-  cudaMemcpy(global, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemset(mismatches, 0, sizeof(int));
-  CUtensorMap map;
-  if (CUresult r = flashgdn::kern::encode_panel_map(&map, global, kRows, kCols, kCols * 2, kBox, false);
-      r != CUDA_SUCCESS) {
-    std::printf("cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
-    return 1;
-  }
-  cudaFuncSetAttribute(load_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kBoxBytes);
-  load_kernel<<<1, 128, 2 * kBoxBytes>>>(map, global, mismatches);
-  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-    return 1;
-  }
-  int bad = -1;
-  cudaMemcpy(&bad, mismatches, sizeof(int), cudaMemcpyDeviceToHost);
+  const int bad_2d = check_panel_map();
   std::printf("TMA 2 boxes of 64 x 64 (128B swizzle, zero fill past row %d): %d mismatching elements: %s\n", kRows,
-              bad, bad == 0 ? "ok" : "FAIL");
-  cudaFree(global);
-  cudaFree(mismatches);
+              bad_2d, bad_2d == 0 ? "ok" : "FAIL");
   const int bad_4d = check_token_maps();
-  std::printf("TMA 4-D token boxes (padded strides, zero fill past token %d, extent-1 strides replaced): %d "
+  std::printf("TMA 4-D token boxes (padded strides, zero fill past token 100, extent-1 strides replaced): %d "
               "mismatching elements: %s\n",
-              100, bad_4d, bad_4d == 0 ? "ok" : "FAIL");
-  return bad == 0 && bad_4d == 0 ? 0 : 1;
+              bad_4d, bad_4d == 0 ? "ok" : "FAIL");
+  return bad_2d == 0 && bad_4d == 0 ? 0 : 1;
 }
