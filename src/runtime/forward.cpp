@@ -259,9 +259,10 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   }
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
-  p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
-  // v4 takes Ag in place of A_r (kShardFinish reuses kShardMaps' inverse: both with one kernel).
+  // v4 takes Ag in place of A_r and reads the gate records; the other kernels need neither, so the
+  // inverse writes none for them (kShardFinish reuses kShardMaps' inverse: both with one kernel).
   p.gated_inverse = kernel == FusedKernel::kRegisterState;
+  p.chunk_gates = p.gated_inverse ? reinterpret_cast<float*>(ws + layout.chunk_gates) : nullptr;
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {
