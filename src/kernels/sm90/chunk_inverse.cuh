@@ -2,21 +2,22 @@
 //
 // Grid  (max_chunks, Hv); block 256 threads (8 warps); no gates anywhere (DESIGN §1, gate
 // extraction: the fused kernel re-applies G elementwise).
-// Shared memory (40.8 KiB, 5 CTAs per SM): K tile [64][136] bf16 (padded rows), sharing its bytes
-// with X = A_r [64][72] fp32 and the block-row scratch T [16][72] fp32 (K is dead once L is
-// formed); L [64][72] fp32.
+// Shared memory (40.5 KiB, 5 CTAs per SM): K tile [64][136] bf16 (padded rows), sharing its bytes
+// with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each; K is dead
+// once L is formed); L split the same way; L's diagonal blocks in fp32 [4][16][16].
 // Stages (16 x 16 blocks, X_ij for block row i and block column j):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles)
-//      L[s,t]      = beta_s * KK^T[s,t] for s > t, else 0
+//      L[s,t]      = beta_s * KK^T[s,t] for s > t, else 0   (split; the diagonal blocks also fp32)
 //   2. X_ii = (I + L_ii)^{-1}: warp i < 4, lane c < 16 solves column c by forward substitution in
 //      registers (its column's entries above the diagonal come out as exact zeros)
-//   3. for block rows i = 1, 2, 3:
-//        T [16, 16 i]        = L_{i, 0:i} [16, 16 i] @ X_{0:i, 0:i} [16 i, 16 i]
-//        X_{i, 0:i} [16, 16 i] = -X_ii [16,16] @ T [16, 16 i]
+//   3. for block rows i = 1, 2, 3, warp w < 2 i owning the 8 columns 8 w .. 8 w + 7 of the 16 i:
+//        T [16, 8]           = L_{i, j:i} [16, 16 (i - j)] @ X_{j:i, 8w..} [16 (i - j), 8]   (j = w / 2)
+//        X_{i, 8w..} [16, 8] = -X_ii [16,16] @ T [16, 8]
 //      on tensor cores in bf16x3 (each fp32 operand split into bf16 hi + lo; hi.hi + hi.lo + lo.hi
 //      with fp32 accumulation: about 2^-16 relative error per product, below the bf16 storage of
-//      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
-//      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
+//      A_r and far below the forward's tolerance). L and X fragments come by ldmatrix from their
+//      split tiles; T stays in registers (movmatrix turns its accumulator into the B fragment), so
+//      a block row needs one barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
 // 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; where p.chunk_gates is set,
@@ -36,37 +37,19 @@ template <typename Elem, typename InverseT>
 struct ChunkInverse {
   static constexpr int kThreads = 256;
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
-  static constexpr int kPitchF = kChunk + 8;    // floats per L / X / T row (8-byte aligned pairs)
+  static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
+  using Split = SplitTile<kChunk, kPitchX>;
 
   struct SharedStorage {
     union {
       alignas(16) Elem k[kChunk * kPitchK];
-      struct {
-        float x[kChunk * kPitchF];
-        float t[16 * kPitchF];
-      };
+      Split x;
     };
-    float l[kChunk * kPitchF];
+    Split l;
+    float l_diag[4][16][16];
     alignas(16) float beta[kChunk];
     alignas(16) float gcum[kChunk];  // log2 units (chunk_gates.cuh)
   };
-
-  // acc [16,8] += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in shared memory (A at a:
-  // rows 0-15, cols 0-15; B at b: rows 0-15, cols 0-7).
-  static __device__ __forceinline__ void mma_f32x3(float (&acc)[4], const float* a, const float* b) {
-    SplitA a_split;
-    SplitB b_split;
-    load_split_a<Stored::kRowMajor>(a_split, a, kPitchF);
-    load_split_b<Stored::kRowMajor>(b_split, b, kPitchF);
-    mma_bf16x3(acc, a_split, b_split);
-  }
-
-  // dst[16,8] (row-major fp32, shared memory) = sign * acc.
-  static __device__ __forceinline__ void store_tile(float* dst, const float (&acc)[4], float sign) {
-    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-    *reinterpret_cast<float2*>(dst + r * kPitchF + c) = make_float2(sign * acc[0], sign * acc[1]);
-    *reinterpret_cast<float2*>(dst + (r + 8) * kPitchF + c) = make_float2(sign * acc[2], sign * acc[3]);
-  }
 
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -78,12 +61,13 @@ struct ChunkInverse {
     if (!locate_chunk(p, blockIdx.x, where)) return;
     const int64_t b = where.seq.batch;
 
-    // K tile: 64 rows x 16 vectors of 16 bytes; rows past the chunk are zero-filled.
+    // K tile: 64 rows x 16 vectors of 16 bytes; rows past the chunk are zero-filled (from the
+    // chunk's first row, a valid address).
+    const Elem* k_chunk = row_ptr<Elem>(p.k, p.k_strides, b, where.first_token, hk);
     for (int e = threadIdx.x; e < kChunk * 16; e += kThreads) {
       const int row = e / 16, vec = e % 16;
       const bool valid = row < where.rows;
-      const Elem* src = row_ptr<Elem>(p.k, p.k_strides, b, valid ? where.first_token + row : 0, hk) + vec * 8;
-      cp_async_16(&s.k[row * kPitchK + vec * 8], src, valid);
+      cp_async_16(&s.k[row * kPitchK + vec * 8], k_chunk + (valid ? row : 0) * p.k_strides.token + vec * 8, valid);
     }
     cp_async_commit();
     if (p.chunk_gates != nullptr || p.gated_inverse) {  // the gates too (the forward's calls)
@@ -118,45 +102,56 @@ struct ChunkInverse {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 4; e += 2) {  // the pair (row, col), (row, col + 1)
           const int row = acc_row(m0, 0, e), col = acc_col(n0, j, e);
-          s.l[row * kPitchF + col] = row > col ? s.beta[row] * acc[0][j][e] : 0.f;
+          const float beta = s.beta[row];
+          const float l0 = row > col ? beta * acc[0][j][e] : 0.f;
+          const float l1 = row > col + 1 ? beta * acc[0][j][e + 1] : 0.f;
+          s.l.store_pair(row, col, l0, l1);
+          if (row / 16 == col / 16)
+            *reinterpret_cast<float2*>(&s.l_diag[row / 16][row % 16][col % 16]) = make_float2(l0, l1);
         }
     }
     __syncthreads();  // K is dead from here: X and T reuse its bytes
 
     // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
     if (warp < 4 && lane < 16) {
+      const float(&l_ii)[16][16] = s.l_diag[warp];
       const int base = 16 * warp;
       float x[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         float v = i == lane ? 1.f : 0.f;
 #pragma unroll
-        for (int j = 0; j < i; ++j) v -= s.l[(base + i) * kPitchF + base + j] * x[j];
+        for (int j = 0; j < i; ++j) v -= l_ii[i][j] * x[j];
         x[i] = v;
       }
 #pragma unroll
-      for (int i = 0; i < 16; ++i) s.x[(base + i) * kPitchF + base + lane] = x[i];
+      for (int i = 0; i < 16; ++i) s.x.store(base + i, base + lane, x[i]);
     }
     __syncthreads();
 
-    // 3. Block rows 1..3: T = L_{i,0:i} X_{0:i,0:i}, then X_{i,0:i} = -X_ii T; warp w owns the
-    //    8 columns 8 w .. 8 w + 7 of the 16 i.
+    // 3. Block rows 1..3: warp w < 2 i owns the 8 columns 8 w .. 8 w + 7 of X_{i, 0:i}; it reads
+    //    X rows above block row i and X_ii, which no warp writes in this block row.
 #pragma unroll 1
     for (int i = 1; i < 4; ++i) {
-      const int r0 = 16 * i;
+      const int r0 = 16 * i, n0 = 8 * warp;
       if (warp < 2 * i) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int kb = warp / 2; kb < i; ++kb)  // X_{kb, j} = 0 above the block diagonal (kb < j = warp / 2)
-          mma_f32x3(acc, &s.l[r0 * kPitchF + 16 * kb], &s.x[16 * kb * kPitchF + 8 * warp]);
-        store_tile(&s.t[8 * warp], acc, 1.f);
-      }
-      __syncthreads();
-      if (warp < 2 * i) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f32x3(acc, &s.x[r0 * kPitchF + r0], &s.t[8 * warp]);
-        store_tile(&s.x[r0 * kPitchF + 8 * warp], acc, -1.f);
+        float t[4] = {0.f, 0.f, 0.f, 0.f};  // T [16, 8] = L_{i, kb} X_{kb, 8w..} summed over kb
+        for (int kb = warp / 2; kb < i; ++kb) {  // X_{kb, j} = 0 above the block diagonal (kb < j = w / 2)
+          SplitA l_block;
+          SplitB x_block;
+          s.l.a_fragment(l_block, r0, 16 * kb);
+          s.x.b_fragment(x_block, 16 * kb, n0);
+          mma_bf16x3(t, l_block, x_block);
+        }
+        SplitA x_diag;
+        s.x.a_fragment(x_diag, r0, r0);
+        float x_new[4] = {0.f, 0.f, 0.f, 0.f};  // X_ii T, stored negated
+        mma_bf16x3(x_new, x_diag, accumulator_as_b(t));
+        const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
+        s.x.store_pair(row, col, -x_new[0], -x_new[1]);
+        s.x.store_pair(row + 8, col, -x_new[2], -x_new[3]);
       }
       __syncthreads();
     }
@@ -180,13 +175,12 @@ struct ChunkInverse {
     Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
     for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
       const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
-      const bool formed = col0 / 16 <= row / 16;
       float x[kVecElems];
+      if (col0 / 16 <= row / 16) {
+        s.x.values(row, col0, x);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kVecElems; i += 4) {
-        const float4 x4 = formed ? *reinterpret_cast<const float4*>(&s.x[row * kPitchF + col0 + i])
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-        x[i] = x4.x, x[i + 1] = x4.y, x[i + 2] = x4.z, x[i + 3] = x4.w;
+        for (int i = 0; i < kVecElems; ++i) x[i] = 0.f;
       }
       if (gated) {
         const float g_row = s.gcum[row];
@@ -210,7 +204,7 @@ struct ChunkInverse {
 };
 
 template <typename Elem, typename InverseT>
-__global__ void __launch_bounds__(256) chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(256, 5) chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   ChunkInverse<Elem, InverseT>::run(p);
 }
 
