@@ -29,7 +29,8 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(p.max_chunks), p.num_v_heads), Kernel::kThreads, smem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(p));
+  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
