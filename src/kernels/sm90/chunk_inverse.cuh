@@ -3,7 +3,7 @@
 // Grid  (max_chunks, Hqk x ceil((Hv / Hqk) / 4)); block 256 threads (8 warps): one CTA per chunk and
 // group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done once for them.
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (42 KiB, 5 CTAs per SM): K tile [64][136] bf16 (padded rows), sharing its bytes
+// Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16 (padded rows), sharing its bytes
 // with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each; K is dead
 // once K K^T is formed); StrictLower(K K^T) split the same way, its diagonal blocks also in fp32
 // [4][16][16]; beta and gcum [4 heads][64].
@@ -233,8 +233,10 @@ struct ChunkInverse {
   }
 };
 
+// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there and runs 4.
 template <typename Elem, typename InverseT>
-__global__ void __launch_bounds__(256, 5) chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
+    chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   ChunkInverse<Elem, InverseT>::run(p);
 }
 
