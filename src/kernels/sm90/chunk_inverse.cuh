@@ -1,7 +1,8 @@
 // Gate-free chunk inverse:  A_r = (I + StrictLower(diag(beta) K K^T))^{-1}  per (chunk, v-head).
 //
-// Grid  (max_chunks, Hqk x ceil((Hv / Hqk) / 4)); block 256 threads (8 warps): one CTA per chunk and
-// group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done once for them.
+// Grid  (max_chunks, Hqk x ceil((Hv / Hqk) / heads per CTA)); block 256 threads (8 warps): one CTA
+// per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
+// once for them (fewer where that would leave the grid under one wave: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
 // Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16 (padded rows), sharing its bytes
 // with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each; K is dead
@@ -42,7 +43,7 @@ struct ChunkInverse {
   static constexpr int kThreads = 256;
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
-  static constexpr int kHeadsPerCta = 4;         // v-heads of one q/k head per CTA (GQA)
+  static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
   using Split = SplitTile<kChunk, kPitchX>;
 
   struct SharedStorage {
@@ -52,21 +53,32 @@ struct ChunkInverse {
     };
     Split kk;                   // StrictLower(K K^T), split
     float kk_diag[4][16][16];  // its diagonal blocks in fp32
-    alignas(16) float beta[kHeadsPerCta][kChunk];
-    alignas(16) float gcum[kHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
+    alignas(16) float beta[kMaxHeadsPerCta][kChunk];
+    alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
   };
 
-  // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group).
+  // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group,
+  // groups of p.inverse_heads_per_cta).
   struct HeadGroup {
     int hk, first, count;
   };
   static __host__ __device__ int groups_per_qk_head(const ForwardParams& p) {
-    return (p.num_v_heads / p.num_qk_heads + kHeadsPerCta - 1) / kHeadsPerCta;
+    return (p.num_v_heads / p.num_qk_heads + p.inverse_heads_per_cta - 1) / p.inverse_heads_per_cta;
   }
   static __device__ HeadGroup head_group(const ForwardParams& p) {
     const int per_qk = p.num_v_heads / p.num_qk_heads, groups = groups_per_qk_head(p);
-    const int hk = blockIdx.y / groups, first = (blockIdx.y % groups) * kHeadsPerCta;
-    return {hk, hk * per_qk + first, min(kHeadsPerCta, per_qk - first)};
+    const int hk = blockIdx.y / groups, first = (blockIdx.y % groups) * p.inverse_heads_per_cta;
+    return {hk, hk * per_qk + first, min(p.inverse_heads_per_cta, per_qk - first)};
+  }
+  // Heads per CTA: up to kMaxHeadsPerCta (K's load and K K^T shared), halved while the grid would not
+  // fill one wave of `slots` resident CTAs (a short grid's time is one CTA's chain, which grows with
+  // its heads).
+  static int heads_per_cta(const ForwardParams& p, int64_t slots) {
+    const int per_qk = p.num_v_heads / p.num_qk_heads;
+    int heads = per_qk < kMaxHeadsPerCta ? per_qk : kMaxHeadsPerCta;
+    const auto ctas = [&](int h) { return p.max_chunks * p.num_qk_heads * ((per_qk + h - 1) / h); };
+    while (heads > 1 && ctas(heads) < slots) heads /= 2;
+    return heads;
   }
 
   static __device__ void run(const ForwardParams& p) {
