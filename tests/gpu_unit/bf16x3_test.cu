@@ -4,6 +4,10 @@
 // transposed), against a float64 host GEMM of the same fp32 values (not bf16-representable).
 // Bound: max |err| <= 2e-5 of max |ref| (bf16x3 gives ~3e-6 here). The same kernel with the hi
 // parts alone (a plain bf16 product, ~1e-3) must miss the bound: the check can fail.
+// Then the pre-split path (SplitTile fragments by ldmatrix, as the chunk inverse reads them), and
+// accumulator_as_b (an accumulator turned into the B fragment of a next product by movmatrix): each
+// [16, 8] product tile T is multiplied by a 16 x 16 row-shift matrix E (E T = T's rows rotated by 3
+// within the tile), which a wrong transposition or k order cannot pass.
 // Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
 #include <cuda_runtime.h>
 
@@ -62,6 +66,59 @@ __global__ void gemm_kernel(const float* a, const float* b, float* d) {
     for (int e = 0; e < 4; ++e) d[flashgdn::kern::acc_row(m0, 0, e) * N + flashgdn::kern::acc_col(0, j, e)] = acc[j][e];
 }
 
+// The same product with A and B stored split (SplitTile), then D = E T per [16, 8] tile T, E the
+// 16 x 16 shift (E T)[r] = T[(r + kShift) % 16] through accumulator_as_b; kChain false: D = T.
+constexpr int kShift = 3;
+constexpr int kPitchSplitA = K + 8, kPitchSplitB = N + 8, kPitchShift = 24;
+using SplitA_Tile = flashgdn::kern::SplitTile<M, kPitchSplitA>;
+using SplitB_Tile = flashgdn::kern::SplitTile<K, kPitchSplitB>;
+using Shift_Tile = flashgdn::kern::SplitTile<16, kPitchShift>;
+
+template <bool kChain>
+__global__ void split_tile_kernel(const float* a, const float* b, float* d) {
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  auto& a_tile = *reinterpret_cast<SplitA_Tile*>(split_smem);
+  auto& b_tile = *reinterpret_cast<SplitB_Tile*>(split_smem + sizeof(SplitA_Tile));
+  auto& shift = *reinterpret_cast<Shift_Tile*>(split_smem + sizeof(SplitA_Tile) + sizeof(SplitB_Tile));
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) a_tile.store(e / K, e % K, a[e]);
+  for (int e = threadIdx.x; e < K * N / 2; e += blockDim.x)
+    b_tile.store_pair(2 * e / N, 2 * e % N, b[2 * e], b[2 * e + 1]);
+  for (int e = threadIdx.x; e < 16 * 16; e += blockDim.x)
+    shift.store(e / 16, e % 16, e % 16 == (e / 16 + kShift) % 16 ? 1.f : 0.f);
+  __syncthreads();
+  const int m0 = 16 * (threadIdx.x / 32);
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    flashgdn::kern::SplitA af;
+    a_tile.a_fragment(af, m0, k0);
+    for (int j = 0; j < 4; ++j) {
+      flashgdn::kern::SplitB bf;
+      b_tile.b_fragment(bf, k0, 8 * j);
+      flashgdn::kern::mma_bf16x3(acc[j], af, bf);
+    }
+  }
+  if constexpr (kChain) {
+    flashgdn::kern::SplitA ef;
+    shift.a_fragment(ef, 0, 0);
+    for (int j = 0; j < 4; ++j) {
+      float shifted[4] = {};
+      flashgdn::kern::mma_bf16x3(shifted, ef, flashgdn::kern::accumulator_as_b(acc[j]));
+      for (int e = 0; e < 4; ++e) acc[j][e] = shifted[e];
+    }
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int e = 0; e < 4; ++e) d[flashgdn::kern::acc_row(m0, 0, e) * N + flashgdn::kern::acc_col(0, j, e)] = acc[j][e];
+}
+
+template <bool kChain>
+double run_split(const char* name, const DeviceGemm<float>& gemm) {
+  constexpr int smem = sizeof(SplitA_Tile) + sizeof(SplitB_Tile) + sizeof(Shift_Tile);
+  cudaFuncSetAttribute(split_tile_kernel<kChain>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  gemm.poison();
+  split_tile_kernel<kChain><<<1, 256, smem>>>(gemm.a, gemm.b, gemm.d);
+  return gemm.relative_error(name);
+}
+
 constexpr double kBound = 2e-5;
 
 template <Stored kA, Stored kB, bool kHiOnly>
@@ -85,6 +142,12 @@ int main() {
   ok &= run<Stored::kTransposed, Stored::kTransposed, false>("bf16x3, A transposed, B transposed", gemm) <= kBound;
   const double hi_only = run<Stored::kRowMajor, Stored::kRowMajor, true>("hi parts only (must miss the bound)", gemm);
   ok &= std::isfinite(hi_only) && hi_only > kBound;
+  ok &= run_split<false>("bf16x3 from split tiles (ldmatrix)", gemm) <= kBound;
+  // E T: the reference rows rotated by kShift within each 16-row tile.
+  DeviceGemm<float> shifted(M, N, K, 7);
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c) shifted.want[r * N + c] = gemm.want[((r / 16) * 16 + (r % 16 + kShift) % 16) * N + c];
+  ok &= run_split<true>("E T through accumulator_as_b (movmatrix)", shifted) <= kBound;
   std::printf("%s\n", ok ? "ok" : "FAIL");
   return ok ? 0 : 1;
 }

@@ -1,8 +1,9 @@
 // GPU unit test of the chunk inverse (src/kernels/sm90/chunk_inverse.cuh): A_r = (I + StrictLower(
 // diag(beta) K K^T))^{-1} per (chunk, v-head) against a float64 forward substitution on the host, on
-// 200 tokens (three full chunks and one of 8 rows) and two value heads sharing one key head, with
-// fp32 and bf16 storage of A_r; entries above the diagonal are checked too, and the rows of the last
-// chunk past the 200 tokens (a guard zone after the output) must stay untouched.
+// 200 tokens (three full chunks and one of 8 rows) and six value heads sharing one key head, with
+// fp32 and bf16 storage of A_r, and 1, 4 (groups of 4 and 2) and launcher-chosen v-heads per CTA;
+// entries above the diagonal are checked too, and the rows of the last chunk past the 200 tokens (a
+// guard zone after the output) must stay untouched.
 // Exit codes: 0 pass, 1 a mismatch, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,7 +20,7 @@
 namespace {
 
 namespace kern = flashgdn::kern;
-constexpr int T = 200, Hqk = 1, Hv = 2, D = 128, C = 64;
+constexpr int T = 200, Hqk = 1, Hv = 6, D = 128, C = 64;
 constexpr int kChunks = (T + C - 1) / C;
 
 // want[(t * Hv + h) * C + j]: A_r row of token t (its chunk's row t % C), column j.
@@ -52,8 +53,8 @@ double to_double(float x) { return x; }
 double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <kern::InverseKind I>
-bool run(const char* name, const __nv_bfloat16* k_dev, const float* beta_dev, const std::vector<double>& want,
-         double tolerance) {
+bool run(const char* name, int heads_per_cta, const __nv_bfloat16* k_dev, const float* beta_dev,
+         const std::vector<double>& want, double tolerance) {
   using InverseT = kern::InverseType<I>;
   const size_t count = static_cast<size_t>(T) * Hv * C;
   const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
@@ -72,6 +73,7 @@ bool run(const char* name, const __nv_bfloat16* k_dev, const float* beta_dev, co
   p.num_v_heads = Hv;
   p.max_chunks = kChunks;
   p.inverse = inverse;
+  p.inverse_heads_per_cta = heads_per_cta;
   cudaError_t err = kern::launch_chunk_inverse<kern::ElemKind::kBF16, I>(p, nullptr);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
@@ -92,8 +94,8 @@ bool run(const char* name, const __nv_bfloat16* k_dev, const float* beta_dev, co
     max_ref = std::fmax(max_ref, std::fabs(want[i]));
   }
   const bool ok = max_err <= tolerance * max_ref && guard_intact;
-  std::printf("%-20s max |err| %.3e (max |A_r| %.3e, tolerance %.0e relative), rows past the tokens %s: %s\n",
-              name, max_err, max_ref, tolerance, guard_intact ? "untouched" : "WRITTEN", ok ? "ok" : "FAIL");
+  std::printf("%-20s %d heads per CTA: max |err| %.3e (max |A_r| %.3e, tolerance %.0e relative), rows past the tokens %s: %s\n",
+              name, heads_per_cta, max_err, max_ref, tolerance, guard_intact ? "untouched" : "WRITTEN", ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -124,8 +126,10 @@ int main() {
   cudaMemcpy(k_dev, k.data(), k.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
   cudaMemcpy(beta_dev, beta.data(), beta.size() * sizeof(float), cudaMemcpyHostToDevice);
   bool ok = true;
-  ok &= run<kern::InverseKind::kF32>("A_r in fp32", k_dev, beta_dev, want, 1e-4);
-  ok &= run<kern::InverseKind::kBF16>("A_r in bf16", k_dev, beta_dev, want, 1e-2);
+  for (const int heads_per_cta : {0, 1, 4}) {  // 0: the launcher's choice
+    ok &= run<kern::InverseKind::kF32>("A_r in fp32", heads_per_cta, k_dev, beta_dev, want, 1e-4);
+    ok &= run<kern::InverseKind::kBF16>("A_r in bf16", heads_per_cta, k_dev, beta_dev, want, 1e-2);
+  }
   cudaFree(k_dev);
   cudaFree(beta_dev);
   return ok ? 0 : 1;

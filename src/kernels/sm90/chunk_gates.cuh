@@ -10,7 +10,7 @@
 
 namespace flashgdn::kern {
 
-// A chunk's gates in log2 units and its betas, two rows per lane of warp 0 (0 past the valid rows);
+// A chunk's gates in log2 units and its betas, two rows per lane of one warp (0 past the valid rows);
 // fetched one chunk ahead by the forward so that their latency stays off its chain.
 struct ChunkGates {
   float g[2] = {0.f, 0.f}, beta[2] = {0.f, 0.f};
@@ -19,7 +19,7 @@ struct ChunkGates {
 __device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows,
                                                         int h) {
   ChunkGates gates;
-  const int lane = threadIdx.x;  // warp 0
+  const int lane = threadIdx.x % 32;  // one warp
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = 2 * lane + i;
@@ -37,7 +37,7 @@ __device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, 
 // Warp 0: gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma
 // in log2 units) and beta, into the kernel's shared arrays gcum[64] and beta[64].
 __device__ __forceinline__ void store_chunk_gates(float* gcum, float* beta, const ChunkGates& gates) {
-  const int lane = threadIdx.x;  // warp 0
+  const int lane = threadIdx.x % 32;  // one warp
   const float pair = gates.g[0] + gates.g[1];
   float inclusive = pair;
 #pragma unroll

@@ -1,26 +1,32 @@
 // Gate-free chunk inverse:  A_r = (I + StrictLower(diag(beta) K K^T))^{-1}  per (chunk, v-head).
 //
-// Grid  (max_chunks, Hv); block 256 threads (8 warps); no gates anywhere (DESIGN §1, gate
-// extraction: the fused kernel re-applies G elementwise).
-// Shared memory (40.8 KiB, 5 CTAs per SM): K tile [64][136] bf16 (padded rows), sharing its bytes
-// with X = A_r [64][72] fp32 and the block-row scratch T [16][72] fp32 (K is dead once L is
-// formed); L [64][72] fp32.
-// Stages (16 x 16 blocks, X_ij for block row i and block column j):
-//   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles)
-//      L[s,t]      = beta_s * KK^T[s,t] for s > t, else 0
+// Grid  (max_chunks, Hqk x ceil((Hv / Hqk) / heads per CTA)); block 256 threads (8 warps): one CTA
+// per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
+// once for them (fewer where that would leave the grid under one wave: heads_per_cta).
+// No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
+// Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16 (padded rows), sharing its bytes
+// with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each; K is dead
+// once K K^T is formed); StrictLower(K K^T) split the same way, its diagonal blocks also in fp32
+// [4][16][16]; beta and gcum [4 heads][64].
+// Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
+// its row scaling applied where L is used):
+//   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles; the
+//      two tiles wholly above the diagonal are skipped), strictly lower part kept; once per CTA
+//   then per v-head of the group:
 //   2. X_ii = (I + L_ii)^{-1}: warp i < 4, lane c < 16 solves column c by forward substitution in
 //      registers (its column's entries above the diagonal come out as exact zeros)
-//   3. for block rows i = 1, 2, 3:
-//        T [16, 16 i]        = L_{i, 0:i} [16, 16 i] @ X_{0:i, 0:i} [16 i, 16 i]
-//        X_{i, 0:i} [16, 16 i] = -X_ii [16,16] @ T [16, 16 i]
+//   3. for block rows i = 1, 2, 3, warp w < 2 i owning the 8 columns 8 w .. 8 w + 7 of the 16 i:
+//        T [16, 8]           = diag(beta_i) KK^T_{i, j:i} [16, 16 (i - j)] @ X_{j:i, 8w..} [16 (i - j), 8]
+//        X_{i, 8w..} [16, 8] = -X_ii [16,16] @ T [16, 8]                                  (j = w / 2)
 //      on tensor cores in bf16x3 (each fp32 operand split into bf16 hi + lo; hi.hi + hi.lo + lo.hi
 //      with fp32 accumulation: about 2^-16 relative error per product, below the bf16 storage of
-//      A_r and far below the forward's tolerance), one m16n8 tile per warp; products with the
-//      zero blocks of X above its block diagonal are skipped (those blocks are never formed).
+//      A_r and far below the forward's tolerance). KK^T and X fragments come by ldmatrix from their
+//      split tiles; T stays in registers (movmatrix turns its accumulator into the B fragment), so
+//      a block row needs one barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
 // 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; where p.chunk_gates is set,
-// warp 0 also writes the chunk's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h].
+// warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h].
 #pragma once
 
 #include <type_traits>
@@ -36,137 +42,168 @@ template <typename Elem, typename InverseT>
 struct ChunkInverse {
   static constexpr int kThreads = 256;
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
-  static constexpr int kPitchF = kChunk + 8;    // floats per L / X / T row (8-byte aligned pairs)
+  static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
+  static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
+  using Split = SplitTile<kChunk, kPitchX>;
 
   struct SharedStorage {
     union {
       alignas(16) Elem k[kChunk * kPitchK];
-      struct {
-        float x[kChunk * kPitchF];
-        float t[16 * kPitchF];
-      };
+      Split x;
     };
-    float l[kChunk * kPitchF];
-    alignas(16) float beta[kChunk];
-    alignas(16) float gcum[kChunk];  // log2 units (chunk_gates.cuh)
+    Split kk;                   // StrictLower(K K^T), split
+    float kk_diag[4][16][16];  // its diagonal blocks in fp32
+    alignas(16) float beta[kMaxHeadsPerCta][kChunk];
+    alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
   };
 
-  // acc [16,8] += A[16,16] @ B[16,8] in bf16x3, A and B fp32 row-major in shared memory (A at a:
-  // rows 0-15, cols 0-15; B at b: rows 0-15, cols 0-7).
-  static __device__ __forceinline__ void mma_f32x3(float (&acc)[4], const float* a, const float* b) {
-    SplitA a_split;
-    SplitB b_split;
-    load_split_a<Stored::kRowMajor>(a_split, a, kPitchF);
-    load_split_b<Stored::kRowMajor>(b_split, b, kPitchF);
-    mma_bf16x3(acc, a_split, b_split);
+  // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group,
+  // groups of p.inverse_heads_per_cta).
+  struct HeadGroup {
+    int hk, first, count;
+  };
+  static __host__ __device__ int groups_per_qk_head(const ForwardParams& p) {
+    return (p.num_v_heads / p.num_qk_heads + p.inverse_heads_per_cta - 1) / p.inverse_heads_per_cta;
   }
-
-  // dst[16,8] (row-major fp32, shared memory) = sign * acc.
-  static __device__ __forceinline__ void store_tile(float* dst, const float (&acc)[4], float sign) {
-    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-    *reinterpret_cast<float2*>(dst + r * kPitchF + c) = make_float2(sign * acc[0], sign * acc[1]);
-    *reinterpret_cast<float2*>(dst + (r + 8) * kPitchF + c) = make_float2(sign * acc[2], sign * acc[3]);
+  static __device__ HeadGroup head_group(const ForwardParams& p) {
+    const int per_qk = p.num_v_heads / p.num_qk_heads, groups = groups_per_qk_head(p);
+    const int hk = blockIdx.y / groups, first = (blockIdx.y % groups) * p.inverse_heads_per_cta;
+    return {hk, hk * per_qk + first, min(p.inverse_heads_per_cta, per_qk - first)};
+  }
+  // Heads per CTA: up to kMaxHeadsPerCta (K's load and K K^T shared), halved while the grid would not
+  // fill one wave of `slots` resident CTAs (a short grid's time is one CTA's chain, which grows with
+  // its heads).
+  static int heads_per_cta(const ForwardParams& p, int64_t slots) {
+    const int per_qk = p.num_v_heads / p.num_qk_heads;
+    int heads = per_qk < kMaxHeadsPerCta ? per_qk : kMaxHeadsPerCta;
+    const auto ctas = [&](int h) { return p.max_chunks * p.num_qk_heads * ((per_qk + h - 1) / h); };
+    while (heads > 1 && ctas(heads) < slots) heads /= 2;
+    return heads;
   }
 
   static __device__ void run(const ForwardParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
-    const int h = blockIdx.y;
-    const int hk = h / (p.num_v_heads / p.num_qk_heads);
+    const HeadGroup heads = head_group(p);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     ChunkLocation where;
     if (!locate_chunk(p, blockIdx.x, where)) return;
     const int64_t b = where.seq.batch;
 
-    // K tile: 64 rows x 16 vectors of 16 bytes; rows past the chunk are zero-filled.
+    // K tile: 64 rows x 16 vectors of 16 bytes; rows past the chunk are zero-filled (from the
+    // chunk's first row, a valid address).
+    const Elem* k_chunk = row_ptr<Elem>(p.k, p.k_strides, b, where.first_token, heads.hk);
     for (int e = threadIdx.x; e < kChunk * 16; e += kThreads) {
       const int row = e / 16, vec = e % 16;
       const bool valid = row < where.rows;
-      const Elem* src = row_ptr<Elem>(p.k, p.k_strides, b, valid ? where.first_token + row : 0, hk) + vec * 8;
-      cp_async_16(&s.k[row * kPitchK + vec * 8], src, valid);
+      cp_async_16(&s.k[row * kPitchK + vec * 8], k_chunk + (valid ? row : 0) * p.k_strides.token + vec * 8, valid);
     }
     cp_async_commit();
     if (p.chunk_gates != nullptr || p.gated_inverse) {  // the gates too (the forward's calls)
-      if (warp == 0) {  // beta (0 past the chunk), gcum and the chunk's gate record
+      if (warp < heads.count) {  // warp v: head v's beta (0 past the chunk), gcum and gate record
+        const int h = heads.first + warp;
         const ChunkGates gates = fetch_chunk_gates(p, b, where.first_token, where.rows, h);
-        store_chunk_gates(s.gcum, s.beta, gates);
+        store_chunk_gates(s.gcum[warp], s.beta[warp], gates);
         if (p.chunk_gates != nullptr) {
           float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
           store_chunk_gates(record, record + kChunk, gates);
         }
       }
-    } else if (threadIdx.x < kChunk) {  // beta only (0 past the chunk)
-      const int row = threadIdx.x;
-      float beta = 0.f;
-      if (row < where.rows) {
-        const int64_t off = b * p.beta_strides.batch + (where.first_token + row) * p.beta_strides.token +
-                            h * p.beta_strides.head;
-        beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
-                              : static_cast<const float*>(p.beta)[off];
+    } else {  // betas only (0 past the chunk)
+      for (int e = threadIdx.x; e < heads.count * kChunk; e += kThreads) {
+        const int v = e / kChunk, row = e % kChunk;
+        float beta = 0.f;
+        if (row < where.rows) {
+          const int64_t off = b * p.beta_strides.batch + (where.first_token + row) * p.beta_strides.token +
+                              (heads.first + v) * p.beta_strides.head;
+          beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
+                                : static_cast<const float*>(p.beta)[off];
+        }
+        s.beta[v][row] = beta;
       }
-      s.beta[row] = beta;
     }
     cp_async_wait<0>();
     __syncthreads();
 
-    // 1. L = StrictLower(diag(beta) K K^T).
+    // 1. StrictLower(K K^T), once for the CTA's heads (warps 4 and 5 hold tiles wholly above the
+    //    diagonal, which nothing reads).
     {
       const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
-      float acc[1][4][4];
-      zero(acc);
-      warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, s.k, kPitchK, s.k, kPitchK, m0, n0, kHeadDim);
+      if (m0 + 15 > n0) {
+        float acc[1][4][4];
+        zero(acc);
+        warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, s.k, kPitchK, s.k, kPitchK, m0, n0, kHeadDim);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = acc_row(m0, 0, e), col = acc_col(n0, j, e);
-          s.l[row * kPitchF + col] = row > col ? s.beta[row] * acc[0][j][e] : 0.f;
-        }
-    }
-    __syncthreads();  // K is dead from here: X and T reuse its bytes
-
-    // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
-    if (warp < 4 && lane < 16) {
-      const int base = 16 * warp;
-      float x[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        float v = i == lane ? 1.f : 0.f;
-#pragma unroll
-        for (int j = 0; j < i; ++j) v -= s.l[(base + i) * kPitchF + base + j] * x[j];
-        x[i] = v;
+          for (int e = 0; e < 4; e += 2) {  // the pair (row, col), (row, col + 1)
+            const int row = acc_row(m0, 0, e), col = acc_col(n0, j, e);
+            const float kk0 = row > col ? acc[0][j][e] : 0.f;
+            const float kk1 = row > col + 1 ? acc[0][j][e + 1] : 0.f;
+            s.kk.store_pair(row, col, kk0, kk1);
+            if (row / 16 == col / 16)
+              *reinterpret_cast<float2*>(&s.kk_diag[row / 16][row % 16][col % 16]) = make_float2(kk0, kk1);
+          }
       }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s.x[(base + i) * kPitchF + base + lane] = x[i];
     }
-    __syncthreads();
+    __syncthreads();  // K is dead from here: X reuses its bytes
 
-    // 3. Block rows 1..3: T = L_{i,0:i} X_{0:i,0:i}, then X_{i,0:i} = -X_ii T; warp w owns the
-    //    8 columns 8 w .. 8 w + 7 of the 16 i.
+    // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used.
 #pragma unroll 1
-    for (int i = 1; i < 4; ++i) {
-      const int r0 = 16 * i;
-      if (warp < 2 * i) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int kb = warp / 2; kb < i; ++kb)  // X_{kb, j} = 0 above the block diagonal (kb < j = warp / 2)
-          mma_f32x3(acc, &s.l[r0 * kPitchF + 16 * kb], &s.x[16 * kb * kPitchF + 8 * warp]);
-        store_tile(&s.t[8 * warp], acc, 1.f);
+    for (int v = 0; v < heads.count; ++v) {
+      const float* beta = s.beta[v];
+      // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
+      if (warp < 4 && lane < 16) {
+        const float(&kk_ii)[16][16] = s.kk_diag[warp];
+        const int base = 16 * warp;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          float dot = 0.f;
+#pragma unroll
+          for (int j = 0; j < i; ++j) dot += kk_ii[i][j] * x[j];
+          x[i] = (i == lane ? 1.f : 0.f) - beta[base + i] * dot;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s.x.store(base + i, base + lane, x[i]);
       }
       __syncthreads();
-      if (warp < 2 * i) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f32x3(acc, &s.x[r0 * kPitchF + r0], &s.t[8 * warp]);
-        store_tile(&s.x[r0 * kPitchF + 8 * warp], acc, -1.f);
-      }
-      __syncthreads();
-    }
 
-    if constexpr (std::is_same_v<InverseT, float>)
-      write_rows<float>(p, s, b, where, h, false);
-    else if (p.gated_inverse)
-      write_rows<Elem>(p, s, b, where, h, true);
-    else
-      write_rows<InverseT>(p, s, b, where, h, false);
+      // 3. Block rows 1..3: warp w < 2 i owns the 8 columns 8 w .. 8 w + 7 of X_{i, 0:i}; it reads
+      //    X rows above block row i and X_ii, which no warp writes in this block row.
+#pragma unroll 1
+      for (int i = 1; i < 4; ++i) {
+        const int r0 = 16 * i, n0 = 8 * warp;
+        if (warp < 2 * i) {
+          float t[4] = {0.f, 0.f, 0.f, 0.f};  // T [16, 8] = L_{i, kb} X_{kb, 8w..} summed over kb
+          for (int kb = warp / 2; kb < i; ++kb) {  // X_{kb, j} = 0 above the block diagonal (kb < j = w / 2)
+            SplitA kk_block;
+            SplitB x_block;
+            s.kk.a_fragment(kk_block, r0, 16 * kb);
+            s.x.b_fragment(x_block, 16 * kb, n0);
+            mma_bf16x3(t, kk_block, x_block);
+          }
+          const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
+          const float beta_row = beta[row], beta_row8 = beta[row + 8];
+          t[0] *= beta_row, t[1] *= beta_row, t[2] *= beta_row8, t[3] *= beta_row8;
+          SplitA x_diag;
+          s.x.a_fragment(x_diag, r0, r0);
+          float x_new[4] = {0.f, 0.f, 0.f, 0.f};  // X_ii T, stored negated
+          mma_bf16x3(x_new, x_diag, accumulator_as_b(t));
+          s.x.store_pair(row, col, -x_new[0], -x_new[1]);
+          s.x.store_pair(row + 8, col, -x_new[2], -x_new[3]);
+        }
+        __syncthreads();
+      }
+
+      if constexpr (std::is_same_v<InverseT, float>)
+        write_rows<float>(p, s, b, where, heads.first + v, v, false);
+      else if (p.gated_inverse)
+        write_rows<Elem>(p, s, b, where, heads.first + v, v, true);
+      else
+        write_rows<InverseT>(p, s, b, where, heads.first + v, v, false);
+      if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
+    }
   }
 
   // Rows of valid tokens in 16-byte vectors (8 2-byte or 4 fp32 columns, inside one 16 x 16 block:
@@ -174,26 +211,25 @@ struct ChunkInverse {
   // 2^(gcum_s - gcum_t) X[s, t] beta_t for t <= s (the exponent is <= 0 there; above, 0).
   template <typename Out>
   static __device__ __forceinline__ void write_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
-                                                    const ChunkLocation& where, int h, bool gated) {
+                                                    const ChunkLocation& where, int h, int v, bool gated) {
     constexpr int kVecElems = 16 / static_cast<int>(sizeof(Out));
     constexpr int kRowVecs = kChunk / kVecElems;
     Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
     for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
       const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
-      const bool formed = col0 / 16 <= row / 16;
       float x[kVecElems];
+      if (col0 / 16 <= row / 16) {
+        s.x.values(row, col0, x);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kVecElems; i += 4) {
-        const float4 x4 = formed ? *reinterpret_cast<const float4*>(&s.x[row * kPitchF + col0 + i])
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-        x[i] = x4.x, x[i + 1] = x4.y, x[i + 2] = x4.z, x[i + 3] = x4.w;
+        for (int i = 0; i < kVecElems; ++i) x[i] = 0.f;
       }
       if (gated) {
-        const float g_row = s.gcum[row];
+        const float g_row = s.gcum[v][row];
 #pragma unroll
         for (int i = 0; i < kVecElems; i += 4) {
-          const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[col0 + i]);
-          const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[col0 + i]);
+          const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[v][col0 + i]);
+          const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[v][col0 + i]);
           const float g[4] = {g4.x, g4.y, g4.z, g4.w}, be[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j)
@@ -209,8 +245,10 @@ struct ChunkInverse {
   }
 };
 
+// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there and runs 4.
 template <typename Elem, typename InverseT>
-__global__ void __launch_bounds__(256) chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
+    chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   ChunkInverse<Elem, InverseT>::run(p);
 }
 

@@ -61,6 +61,8 @@ struct ForwardParams {
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   bool gated_inverse = false;        // the chunk inverse writes Ag = G (.) A_r (.) 1 beta^T in the input
                                      // dtype instead of A_r (the v4 forward, which TMAs it into place)
+  int32_t inverse_heads_per_cta = 0;  // chunk inverse: v-heads of one q/k head per CTA, 1-4; 0: its
+                                      // launcher chooses (ChunkInverse::heads_per_cta)
   float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
                                      // by the chunk inverse where non-null; read by the v4 forward
   // FLASHGDN_TIMELINE builds only (kernels/sm90/timeline.cuh): clock64() at the phase boundaries of

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 namespace flashgdn::kern {
 
@@ -240,6 +241,82 @@ __device__ __forceinline__ void mma_bf16x3(float (&acc)[4], const SplitA& a, con
   mma_16816<__nv_bfloat16>(acc, a.hi, b.lo[0], b.lo[1]);
   mma_16816<__nv_bfloat16>(acc, a.lo, b.hi[0], b.hi[1]);
 }
+
+// An 8x8 b16 matrix transposed in registers: lane L holds the pair (row L / 4, columns 2 (L % 4),
+// + 1) of the ldmatrix / mma fragment layout, before and after.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// The [16,8] fp32 accumulator of an m16n8 product, split, as the B fragment of a next product
+// whose k runs over the accumulator's rows: C's pairs (row r, columns 2c, 2c + 1) transposed by
+// movmatrix into B's pairs (rows k = 2c, 2c + 1, column n = r); no shared memory.
+__device__ __forceinline__ SplitB accumulator_as_b(const float (&acc)[4]) {
+  SplitB f;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {  // q = 1: accumulator rows 8-15, B's k = 8..15
+    uint32_t hi, lo;
+    split_pair(acc[2 * q], acc[2 * q + 1], hi, lo);
+    f.hi[q] = movmatrix_trans(hi);
+    f.lo[q] = movmatrix_trans(lo);
+  }
+  return f;
+}
+
+// fp32 values kept in shared memory already split for bf16x3, as a bf16 hi and a bf16 lo tile
+// [kRows][kPitch] (row-major), so that products read ready fragments by ldmatrix instead of
+// splitting fp32 at every load. A value reads back as hi + lo (relative error <= 2^-17). kPitch is
+// 8 times an odd number: the 8 rows an ldmatrix reads fall in distinct 16-byte bank groups.
+template <int kRows, int kPitch>
+struct SplitTile {
+  static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
+  alignas(16) __nv_bfloat16 hi[kRows * kPitch];
+  alignas(16) __nv_bfloat16 lo[kRows * kPitch];
+
+  __device__ __forceinline__ void store(int row, int col, float x) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    hi[row * kPitch + col] = h;
+    lo[row * kPitch + col] = __float2bfloat16_rn(x - __bfloat162float(h));
+  }
+  // (row, col) and (row, col + 1), col even.
+  __device__ __forceinline__ void store_pair(int row, int col, float x0, float x1) {
+    uint32_t h, l;
+    split_pair(x0, x1, h, l);
+    *reinterpret_cast<uint32_t*>(&hi[row * kPitch + col]) = h;
+    *reinterpret_cast<uint32_t*>(&lo[row * kPitch + col]) = l;
+  }
+  // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read per part.
+  template <int kCount>
+  __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {
+    static_assert(kCount == 4 || kCount == 8, "8- or 16-byte vectors");
+    using Vector = std::conditional_t<kCount == 4, uint2, uint4>;
+    const Vector h = *reinterpret_cast<const Vector*>(&hi[row * kPitch + col]);
+    const Vector l = *reinterpret_cast<const Vector*>(&lo[row * kPitch + col]);
+    const __nv_bfloat162* hp = reinterpret_cast<const __nv_bfloat162*>(&h);
+    const __nv_bfloat162* lp = reinterpret_cast<const __nv_bfloat162*>(&l);
+#pragma unroll
+    for (int i = 0; i < kCount / 2; ++i) {
+      const float2 a = __bfloat1622float2(hp[i]), b = __bfloat1622float2(lp[i]);
+      x[2 * i] = a.x + b.x;
+      x[2 * i + 1] = a.y + b.y;
+    }
+  }
+  // The A fragment of the 16x16 block at (m0, k0).
+  __device__ __forceinline__ void a_fragment(SplitA& f, int m0, int k0) const {
+    load_a<Stored::kRowMajor>(f.hi, hi, kPitch, m0, k0);
+    load_a<Stored::kRowMajor>(f.lo, lo, kPitch, m0, k0);
+  }
+  // The B fragment of the 16x8 block at (k0, n0): one ldmatrix.x4.trans, matrices hi k0.., hi
+  // k0 + 8.., lo k0.., lo k0 + 8.. (lane L gives a row of matrix L / 8).
+  __device__ __forceinline__ void b_fragment(SplitB& f, int k0, int n0) const {
+    const int lane = threadIdx.x % 32, m = lane / 8;
+    uint32_t r[4];
+    ldmatrix_x4_trans(r, (m < 2 ? hi : lo) + (k0 + 8 * (m % 2) + lane % 8) * kPitch + n0);
+    f.hi[0] = r[0], f.hi[1] = r[1], f.lo[0] = r[2], f.lo[1] = r[3];
+  }
+};
 
 // 2^x by the special-function unit (max relative error about 2^-22; subnormal results flush to
 // zero). Gates are kept in log2 units so that every decay factor is one ex2 of a non-positive
