@@ -22,7 +22,8 @@
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
-#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd")
+#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd"), TIMELINE=1 (every
+#   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call)
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -80,18 +81,25 @@ profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config 
   done
 }
 
-if [ "$MODE" = timeline ]; then  # a measurement build (FLASHGDN_TIMELINE) and bench/timeline.py only
+timeline() {  # a measurement build (FLASHGDN_TIMELINE, build-timeline) and bench/timeline.py
+  local start rc
   start=$(date +%s)
   cmake -S . -B build-timeline -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_TIMELINE=ON -DFLASHGDN_BUILD_TESTS=OFF \
-    >"$OUT/build.log" 2>&1 && cmake --build build-timeline -j "$(nproc)" --target flashgdn_c >>"$OUT/build.log" 2>&1
+    >"$OUT/build_timeline.log" 2>&1 && cmake --build build-timeline -j "$(nproc)" --target flashgdn_c >>"$OUT/build_timeline.log" 2>&1
   rc=$?
-  note "timeline build rc=$rc in $(( $(date +%s) - start )) s; spill warnings (the marks' cost): $(grep -cE "Registers are spilled" "$OUT/build.log")"
-  if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; printf '%s\n' "${summary[@]}"; exit 1; fi
+  note "timeline build rc=$rc in $(( $(date +%s) - start )) s; spill warnings (the marks' cost): $(grep -cE "Registers are spilled" "$OUT/build_timeline.log")"
+  if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build_timeline.log" | head -30; return 1; fi
   FLASHGDN_LIBRARY=$PWD/build-timeline/libflashgdn_c.so PYTHONPATH=$PWD/python timeout 300 python3 bench/timeline.py \
     --out "$OUT" >"$OUT/timeline.log" 2>&1
   rc=$?
   note "timeline rc=$rc"
   tail -n 12 "$OUT/timeline.log"
+  return $rc
+}
+
+if [ "$MODE" = timeline ]; then  # the timeline only
+  timeline
+  rc=$?
   echo "================ summary"
   printf '%s\n' "${summary[@]}"
   exit $rc
@@ -226,5 +234,6 @@ if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
 fi
 
 profile
+[ -n "${TIMELINE:-}" ] && timeline  # TIMELINE=1: the timeline too, in the same call
 echo "================ summary"
 printf '%s\n' "${summary[@]}"
