@@ -4,10 +4,10 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where that would leave the grid under one wave: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16 (padded rows), sharing its bytes
-// with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each; K is dead
-// once K K^T is formed); StrictLower(K K^T) split the same way, its diagonal blocks also in fp32
-// [4][16][16]; beta and gcum [4 heads][64].
+// Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16
+// (padded rows), sharing its bytes with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile:
+// bf16 hi + lo [64][72] each; K is dead once K K^T is formed); StrictLower(K K^T) split the same
+// way, its diagonal blocks also in fp32 [4][16][16]; beta and gcum [4 heads][64].
 // Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
 // its row scaling applied where L is used):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles; the
