@@ -34,7 +34,7 @@ __device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, 
   return gates;
 }
 
-// Warp 0: gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma
+// One warp: gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma
 // in log2 units) and beta, into the kernel's shared arrays gcum[64] and beta[64].
 __device__ __forceinline__ void store_chunk_gates(float* gcum, float* beta, const ChunkGates& gates) {
   const int lane = threadIdx.x % 32;  // one warp
