@@ -236,11 +236,17 @@ struct ChunkInverse {
             x[i + j] = col0 + i + j <= row ? exp2_approx(g_row - g[j]) * x[i + j] * be[j] : 0.f;
         }
       }
-      alignas(16) Out values[kVecElems];
+      // One st.global.v4 (NVVM split the gated branch's uint4 store into four 4-byte stores).
+      uint32_t words[4];
 #pragma unroll
-      for (int i = 0; i < kVecElems; ++i) values[i] = static_cast<Out>(x[i]);
-      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0) =
-          *reinterpret_cast<const uint4*>(values);
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (std::is_same_v<Out, float>)
+          words[i] = __float_as_uint(x[i]);
+        else
+          words[i] = pack_pair<Out>(x[2 * i], x[2 * i + 1]);
+      }
+      store_global_16(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0, words[0], words[1], words[2],
+                      words[3]);
     }
   }
 };

@@ -174,6 +174,12 @@ __device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
   }
   return bits;
 }
+// One 16-byte global store (st.global.v4): for values NVVM would otherwise store word by word.
+__device__ __forceinline__ void store_global_16(void* dst, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+               : "memory");
+}
+
 // fp32 products on bf16 tensor cores ("bf16x3"): every fp32 operand x is split as x = hi + lo with
 // hi = bf16(x), lo = bf16(x - hi), and A B ~ A_hi B_hi + A_hi B_lo + A_lo B_hi with fp32
 // accumulation: about 2^-16 relative error per product (the dropped lo.lo term and lo's rounding),
