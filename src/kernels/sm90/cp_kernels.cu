@@ -13,14 +13,16 @@
 //                      not, get a valid bound.
 //   fused_forward      state pass: S*_j of every segment but the last from zero over its window
 //                      (from h0 over the whole first segment when it has no window), and M_j
-//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, serial over the boundaries
-//                      of one sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
+//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, over the boundaries of one
+//                      sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
-//                      [128,32] = [128,128] @ [128,32] on tensor cores in bf16x3 (fp32-grade
-//                      products, warp_mma.cuh) from shared memory -> segment_starts;
-//                      step j + 1's M and S* are loaded (cp.async) while step j computes; one
-//                      barrier per step (the running slice ping-pongs between two buffers)
+//                      -> segment_starts. The copies (window) depend on nothing: all at once
+//                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
+//                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
+//                      step j + 1's M and S* are loaded (cp.async) while step j computes when
+//                      step j + 1 is an M step too; one barrier per step (the running slice
+//                      ping-pongs between two buffers)
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -219,12 +221,52 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
   return at;
 }
 
+// Steps that apply no M copy S*: `to(j)` = `from(j)` (column slice col0) for every step j in
+// [begin, end) with copy(j), independent of each other, so all at once: four steps' float4s in
+// flight per thread.
+template <typename Copy, typename From, typename To>
+__device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& copy, From&& from, To&& to, int col0) {
+  constexpr int kSteps = 4, kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
+    float4 v[kSteps][kVecs];
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      if (j0 + i >= end || !copy(j0 + i)) continue;
+      const float* src = from(j0 + i);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        v[i][u] = *reinterpret_cast<const float4*>(src + row * kHeadDim + col0 + 4 * vec);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      if (j0 + i >= end || !copy(j0 + i)) continue;
+      float* dst = to(j0 + i);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        *reinterpret_cast<float4*>(dst + row * kHeadDim + col0 + 4 * vec) = v[i][u];
+      }
+    }
+  }
+}
+
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer
+// (cp.async; committed with the next load_correction_step).
+__device__ __forceinline__ void load_slice(float* slice, const float* state, int col0) {
+  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
+    const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+    cp_async_16(&slice[row * kPitchS + 4 * vec], state + row * kHeadDim + col0 + 4 * vec, true);
+  }
+}
+
 __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
-  // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
+  // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
   const StateBlock h0 = sequence_initial_state(p, n, h);
@@ -235,27 +277,46 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
     for (int i = 0; i < 16; ++i)
       first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
   }
-  if (p.shard) {  // step 1 applies M_0 to h0: the running slice starts as h0 (s[1], read by step 1)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
-  }
-  // Step j (1 <= j < count) reads segment prev = first + j - 1: S*_prev and, without a window
-  // (and past the first segment, whose S* already starts from h0, unless p.shard), M_prev.
+  // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
+  // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
+  // unless p.shard), M_prev.
   auto apply_m = [&](int64_t j) {
     return (j - 1 > 0 || p.shard) && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0;
   };
+  auto start_of = [&](int64_t j) { return segment_block(p.segment_starts, p.num_v_heads, first + j, h); };
+  // The steps without M: S_{j+1} = S*_j, all at once.
+  copy_slices(
+      1, count, [&](int64_t j) { return !apply_m(j); },
+      [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+  __syncthreads();  // S_0 and the copies: the start of an M step that follows one, read below
+  // The steps with M, serial where consecutive: the running slice stays in shared memory and the
+  // next step's inputs arrive while this one computes; an M step after a step without M (or
+  // after S_0) takes its start from segment_starts instead.
   auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = first + j - 1;
     load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), apply_m(j), col0);
+                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), true, col0);
   };
-  if (count > 1) load_step(1, 0);
-  for (int64_t j = 1; j < count; ++j) {
-    const int t = static_cast<int>((j - 1) & 1);
-    cp_async_wait<0>();  // step j's inputs (issued during step j - 1)
-    __syncthreads();     // ... visible to every thread, with step j - 1's slice; step j - 1 is done everywhere
-    if (j + 1 < count) load_step(j + 1, t ^ 1);  // buffer t ^ 1 was last read by step j - 1
-    correction_step<false>(smem, t, apply_m(j), segment_block(p.segment_starts, p.num_v_heads, first + j, h), col0);
+  auto next_m_step = [&](int64_t j) {
+    while (j < count && !apply_m(j)) ++j;
+    return j;
+  };
+  int t = 0;
+  bool prefetched = false;  // step j's inputs issued during the previous step
+  for (int64_t j = next_m_step(1); j < count;) {
+    if (!prefetched) {
+      __syncthreads();  // the previous step's reads of s[t ^ 1] and of buffer t are done everywhere
+      load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
+      load_step(j, t);
+    }
+    cp_async_wait<0>();  // step j's inputs
+    __syncthreads();     // ... visible to every thread, with the previous step's slice
+    const int64_t next = next_m_step(j + 1);
+    prefetched = next == j + 1 && next < count;  // consecutive: its start is this step's output, s[t]
+    if (prefetched) load_step(next, t ^ 1);      // buffer t ^ 1 was last read by the previous step
+    correction_step<false>(smem, t, true, start_of(j), col0);
+    t ^= 1;
+    j = next;
   }
 }
 
@@ -298,8 +359,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 }
 
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
-// gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. Same
-// thread layout and prefetching as the forward.
+// gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
+// forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
 __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(const BackwardParams bp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -317,23 +378,45 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-  // Step j (count - 1 >= j >= 1) reads segment x = first + j: dS*_x and, without a (backward)
-  // window, M_x (for the last segment only when dht flows into it).
+  // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
+  // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
+  // flows into it).
   auto apply_m = [&](int64_t j) {
     return p.grad_window_chunks[(first + j) * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
   };
+  auto grad_end_of = [&](int64_t j) { return segment_block(bp.segment_grad_ends, p.num_v_heads, first + j, h); };
+  // The steps without M: dS_j = dS*_j, all at once.
+  copy_slices(
+      1, count, [&](int64_t j) { return !apply_m(j); },
+      [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+      [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+  __syncthreads();  // the copies (and dht in s[1]): the start of an M step that follows one
+  // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
+  // step without M takes its start from segment_grad_ends; the last step's start is dht, in s[1].
   auto load_step = [&](int64_t j, int buf) {
     load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), apply_m(j), col0);
+                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), true, col0);
   };
-  if (count > 1) load_step(count - 1, 0);
-  for (int64_t j = count - 1; j >= 1; --j) {
-    const int t = static_cast<int>((count - 1 - j) & 1);  // the first step reads dht from s[1]
+  auto previous_m_step = [&](int64_t j) {
+    while (j >= 1 && !apply_m(j)) --j;
+    return j;
+  };
+  int t = 0;
+  bool prefetched = false;
+  for (int64_t j = previous_m_step(count - 1); j >= 1;) {
+    if (!prefetched) {
+      __syncthreads();  // the previous step's reads of s[t ^ 1] and of buffer t are done everywhere
+      if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
+      load_step(j, t);
+    }
     cp_async_wait<0>();
     __syncthreads();
-    if (j - 1 >= 1) load_step(j - 1, t ^ 1);
-    correction_step<true>(smem, t, apply_m(j), segment_block(bp.segment_grad_ends, p.num_v_heads, first + j - 1, h),
-                          col0);
+    const int64_t next = previous_m_step(j - 1);
+    prefetched = next == j - 1 && next >= 1;
+    if (prefetched) load_step(next, t ^ 1);
+    correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
+    t ^= 1;
+    j = next;
   }
 }
 
