@@ -21,8 +21,9 @@
 //                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
 //                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
 //                      step j + 1's M and S* are loaded (cp.async) while step j computes when
-//                      step j + 1 is an M step too; one barrier per step (the running slice
-//                      ping-pongs between two buffers)
+//                      step j + 1 is an M step too (one barrier per step; two for an M step after
+//                      a copy, whose start slice is read back); the running slice ping-pongs
+//                      between two buffers
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -288,7 +289,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
   copy_slices(
       1, count, [&](int64_t j) { return !apply_m(j); },
       [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
-  __syncthreads();  // S_0 and the copies: the start of an M step that follows one, read below
   // The steps with M, serial where consecutive: the running slice stays in shared memory and the
   // next step's inputs arrive while this one computes; an M step after a step without M (or
   // after S_0) takes its start from segment_starts instead.
@@ -305,13 +305,15 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
   bool prefetched = false;  // step j's inputs issued during the previous step
   for (int64_t j = next_m_step(1); j < count;) {
     if (!prefetched) {
-      __syncthreads();  // the previous step's reads of s[t ^ 1] and of buffer t are done everywhere
+      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
+      // copies above (this step's start) are written.
+      __syncthreads();
       load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
       load_step(j, t);
     }
+    const int64_t next = next_m_step(j + 1);  // its window reads overlap the loads
     cp_async_wait<0>();  // step j's inputs
     __syncthreads();     // ... visible to every thread, with the previous step's slice
-    const int64_t next = next_m_step(j + 1);
     prefetched = next == j + 1 && next < count;  // consecutive: its start is this step's output, s[t]
     if (prefetched) load_step(next, t ^ 1);      // buffer t ^ 1 was last read by the previous step
     correction_step<false>(smem, t, true, start_of(j), col0);
@@ -390,7 +392,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
       1, count, [&](int64_t j) { return !apply_m(j); },
       [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
       [&](int64_t j) { return grad_end_of(j - 1); }, col0);
-  __syncthreads();  // the copies (and dht in s[1]): the start of an M step that follows one
   // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
   // step without M takes its start from segment_grad_ends; the last step's start is dht, in s[1].
   auto load_step = [&](int64_t j, int buf) {
@@ -405,13 +406,15 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
   bool prefetched = false;
   for (int64_t j = previous_m_step(count - 1); j >= 1;) {
     if (!prefetched) {
-      __syncthreads();  // the previous step's reads of s[t ^ 1] and of buffer t are done everywhere
+      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and the copies
+      // above (this step's start) and dht in s[1] are written.
+      __syncthreads();
       if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
       load_step(j, t);
     }
+    const int64_t next = previous_m_step(j - 1);  // its window reads overlap the loads
     cp_async_wait<0>();
     __syncthreads();
-    const int64_t next = previous_m_step(j - 1);
     prefetched = next == j - 1 && next >= 1;
     if (prefetched) load_step(next, t ^ 1);
     correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
