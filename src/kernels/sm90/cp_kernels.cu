@@ -123,12 +123,17 @@ constexpr int kPitchS = kSliceCols + 4;    // floats per row of a state slice (1
                                            // fragment reads conflict-free)
 constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
 
+using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
+
 // Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
 struct CorrectionStorage {
   alignas(16) float m[2][kHeadDim * kPitchM];
   alignas(16) float base[2][kHeadDim * kPitchS];
-  alignas(16) float s[2][kHeadDim * kPitchS];  // the running slice, ping-pong: step t reads s[t ^ 1], writes s[t]
+  // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
+  // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
+  SliceTile s[2];
 };
+static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
 // (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
@@ -163,7 +168,7 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   const int m0 = 16 * (threadIdx.x / 32);
-  const float* s_in = smem.s[t ^ 1];
+  const SliceTile& s_in = smem.s[t ^ 1];
   float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
   if (apply_m) {
     const float* m = smem.m[t];
@@ -178,7 +183,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         SplitB b;
-        load_split_b<Stored::kRowMajor>(b, s_in + k0 * kPitchS + 8 * j, kPitchS);
+        s_in.b_fragment(b, k0, 8 * j);
         mma_bf16x3(next[j], a, b);
       }
     }
@@ -197,7 +202,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     for (int half = 0; half < 2; ++half) {
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
       const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
-      *reinterpret_cast<float2*>(&smem.s[t][row * kPitchS + col]) = x;
+      smem.s[t].store_pair(row, col, x.x, x.y);
       if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
     }
 }
@@ -256,12 +261,13 @@ __device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& c
   }
 }
 
-// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer
-// (cp.async; committed with the next load_correction_step).
-__device__ __forceinline__ void load_slice(float* slice, const float* state, int col0) {
-  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
-    const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-    cp_async_16(&slice[row * kPitchS + 4 * vec], state + row * kHeadDim + col0 + 4 * vec, true);
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
+// (plain loads: the caller's barrier orders the stores before the step that reads them).
+__device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
+  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 2; e += kCorrectionThreads) {
+    const int row = e / (kSliceCols / 2), col = 2 * (e % (kSliceCols / 2));
+    const float2 x = *reinterpret_cast<const float2*>(state + row * kHeadDim + col0 + col);
+    slice.store_pair(row, col, x.x, x.y);
   }
 }
 
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float start = role == 1 && k == col0 + c0 + i ? 1.f : 0.f;
-    smem.s[1][k * kPitchS + c0 + i] = start;  // read by step 0
+    smem.s[1].store(k, c0 + i, start);  // read by step 0
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
   }
   // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
@@ -382,7 +388,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
+  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i));
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -437,7 +443,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    smem.s[1][k * kPitchS + c0 + i] = 0.f;  // dS_J, read by the first step
+    smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
   // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
@@ -476,7 +482,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float x = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
-    smem.s[1][k * kPitchS + c0 + i] = x;  // S_0, read by step 0
+    smem.s[1].store(k, c0 + i, x);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x;
   }
   auto load_step = [&](int j, int buf) { load_correction_step(smem, buf, map(j, 0), map(j, 1), true, col0); };
@@ -491,9 +497,14 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const float* last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceTile& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last[k * kPitchS + c0 + i]);
+    for (int half = 0; half < 2; ++half) {  // hi + lo: within 2^-17 of the fp32 slice
+      float x[8];
+      last.values(k, c0 + 8 * half, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) final_state.store(k, col0 + c0 + 8 * half + i, x[i]);
+    }
   }
 }
 
@@ -515,7 +526,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float x = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-    smem.s[1][k * kPitchS + c0 + i] = x;  // read by step 0
+    smem.s[1].store(k, c0 + i, x);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x;
   }
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
