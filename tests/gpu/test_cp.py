@@ -356,6 +356,25 @@ def test_backward_window_direction(seed, decay_at):
     check(x, o, final)
 
 
+def test_windows_and_transitions_interleaved(seed):
+    """Within one head, segments with a window and segments with the exact transition M alternate:
+    head h decays strongly in segment j when (j + h) % 3 == 0 and not at all otherwise, so the
+    corrections see runs of M steps (prefetched one after another), M steps right after a window
+    step (their start taken from the copied slices) and windows after M steps, forward and backward."""
+    x = make_inputs(1, 4133, 2, 4, regime="zero")
+    segment = torch.arange(4133, device="cuda") // 256  # 4-chunk segments
+    for h in range(4):
+        x["g"][0, (segment + h) % 3 == 0, h] = -0.5  # -32 per chunk: one-chunk windows
+    o, final = run(x, ON, segment_chunks=4)
+    check(x, o, final)
+    o_ref, final_ref = run(x, OFF)
+    assert rel_l2(o, o_ref) <= 1e-2 and rel_l2(final, final_ref) <= 1e-2
+    do, dht = upstream(x)
+    grads = run_backward(x, do, dht, ON, segment_chunks=4)
+    check_grads(x, grads, do, dht)
+    assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
+
+
 def test_backward_variants(seed):
     """V-first states, fp16, bf16 beta, int64 offsets, in-kernel L2 norm (windows read the
     normalised keys) under backward CP."""

@@ -13,14 +13,17 @@
 //                      not, get a valid bound.
 //   fused_forward      state pass: S*_j of every segment but the last from zero over its window
 //                      (from h0 over the whole first segment when it has no window), and M_j
-//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, serial over the boundaries
-//                      of one sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
+//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, over the boundaries of one
+//                      sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
-//                      [128,32] = [128,128] @ [128,32] on tensor cores in bf16x3 (fp32-grade
-//                      products, warp_mma.cuh) from shared memory -> segment_starts;
-//                      step j + 1's M and S* are loaded (cp.async) while step j computes; one
-//                      barrier per step (the running slice ping-pongs between two buffers)
+//                      -> segment_starts. The copies (window) depend on nothing: all at once
+//                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
+//                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
+//                      step j + 1's M and S* are loaded (cp.async) while step j computes when
+//                      step j + 1 is an M step too (one barrier per step; two for an M step after
+//                      a copy, whose start slice is read back); the running slice ping-pongs
+//                      between two buffers
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -40,6 +43,7 @@ namespace {
 
 constexpr int kWindowThreads = 256;                                 // 8 warps
 constexpr int kWindowTileChunks = kWindowThreads * 4 / kChunk;      // 16 chunks per tile, 4 tokens a thread
+constexpr int kWindowFirstTileChunks = kWindowThreads / kChunk;     // the first tile: 4 chunks, 1 token a thread
 
 // A token's term of the window sum: g_t + log max(1, |1 - beta_t |k_t|^2|) (0 past the segment).
 template <typename Elem>
@@ -60,10 +64,11 @@ __device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, 
   return p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
 }
 
-// Tiles of 16 chunks: the 32 half-chunk sums of a tile in parallel (warp w sums half-chunks w,
-// w + 8, w + 16, w + 24 of 32 tokens each, one token a lane), then thread 0 adds the chunks in
-// walking order until the total crosses the threshold. (A chunk's sum is its two halves' warp
-// sums added, as one chunk at a time would: the same window.)
+// Tiles of 4 chunks, then of 16 (most windows close within a few chunks: the first tile reads a
+// quarter of the keys): the half-chunk sums of a tile in parallel (warp w sums half-chunks w, w + 8,
+// w + 16, w + 24 of 32 tokens each, one token a lane), then thread 0 adds the chunks in walking
+// order until the total crosses the threshold. (A chunk's sum is its two halves' warp sums added,
+// as one chunk at a time would: the same window.)
 template <typename Elem>
 __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const ForwardParams p, int32_t* windows,
                                                                     bool leading) {
@@ -80,9 +85,10 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
   __shared__ int32_t found;  // the window in chunks once crossed, else 0
   float total = 0.f;         // thread 0's running sum
   if (threadIdx.x == 0) found = 0;
-  for (int64_t tile0 = 0; tile0 < chunks; tile0 += kWindowTileChunks) {
+  for (int64_t tile0 = 0, tile = kWindowFirstTileChunks; tile0 < chunks; tile0 += tile, tile = kWindowTileChunks) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      if (i >= tile / kWindowFirstTileChunks) break;  // uniform: 1 round in the first tile, 4 after
       const int half = warp + 8 * i;
       const int64_t step = tile0 + half / 2;
       float term = 0.f;
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int j = 0; j < kWindowTileChunks && tile0 + j < chunks; ++j) {
+      for (int j = 0; j < tile && tile0 + j < chunks; ++j) {
         total += half_sums[2 * j] + half_sums[2 * j + 1];
         if (total <= p.decay_threshold) {
           found = static_cast<int32_t>(tile0 + j + 1);
@@ -117,12 +123,17 @@ constexpr int kPitchS = kSliceCols + 4;    // floats per row of a state slice (1
                                            // fragment reads conflict-free)
 constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
 
+using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
+
 // Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
 struct CorrectionStorage {
   alignas(16) float m[2][kHeadDim * kPitchM];
   alignas(16) float base[2][kHeadDim * kPitchS];
-  alignas(16) float s[2][kHeadDim * kPitchS];  // the running slice, ping-pong: step t reads s[t ^ 1], writes s[t]
+  // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
+  // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
+  SliceTile s[2];
 };
+static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
 // (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
@@ -157,7 +168,7 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   const int m0 = 16 * (threadIdx.x / 32);
-  const float* s_in = smem.s[t ^ 1];
+  const SliceTile& s_in = smem.s[t ^ 1];
   float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
   if (apply_m) {
     const float* m = smem.m[t];
@@ -172,7 +183,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         SplitB b;
-        load_split_b<Stored::kRowMajor>(b, s_in + k0 * kPitchS + 8 * j, kPitchS);
+        s_in.b_fragment(b, k0, 8 * j);
         mma_bf16x3(next[j], a, b);
       }
     }
@@ -191,7 +202,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     for (int half = 0; half < 2; ++half) {
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
       const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
-      *reinterpret_cast<float2*>(&smem.s[t][row * kPitchS + col]) = x;
+      smem.s[t].store_pair(row, col, x.x, x.y);
       if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
     }
 }
@@ -219,12 +230,53 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
   return at;
 }
 
+// Steps that apply no M copy S*: `to(j)` = `from(j)` (column slice col0) for every step j in
+// [begin, end) with copy(j), independent of each other, so all at once: four steps' float4s in
+// flight per thread.
+template <typename Copy, typename From, typename To>
+__device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& copy, From&& from, To&& to, int col0) {
+  constexpr int kSteps = 4, kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
+    float4 v[kSteps][kVecs];
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      if (j0 + i >= end || !copy(j0 + i)) continue;
+      const float* src = from(j0 + i);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        v[i][u] = *reinterpret_cast<const float4*>(src + row * kHeadDim + col0 + 4 * vec);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      if (j0 + i >= end || !copy(j0 + i)) continue;
+      float* dst = to(j0 + i);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        *reinterpret_cast<float4*>(dst + row * kHeadDim + col0 + 4 * vec) = v[i][u];
+      }
+    }
+  }
+}
+
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
+// (plain loads: the caller's barrier orders the stores before the step that reads them).
+__device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
+  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 2; e += kCorrectionThreads) {
+    const int row = e / (kSliceCols / 2), col = 2 * (e % (kSliceCols / 2));
+    const float2 x = *reinterpret_cast<const float2*>(state + row * kHeadDim + col0 + col);
+    slice.store_pair(row, col, x.x, x.y);
+  }
+}
+
 __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
-  // Thread layout of the product: row k = tid / 2, 16 columns from 16 * (tid % 2).
+  // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
   const StateBlock h0 = sequence_initial_state(p, n, h);
@@ -235,27 +287,47 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
     for (int i = 0; i < 16; ++i)
       first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
   }
-  if (p.shard) {  // step 1 applies M_0 to h0: the running slice starts as h0 (s[1], read by step 1)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
-  }
-  // Step j (1 <= j < count) reads segment prev = first + j - 1: S*_prev and, without a window
-  // (and past the first segment, whose S* already starts from h0, unless p.shard), M_prev.
+  // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
+  // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
+  // unless p.shard), M_prev.
   auto apply_m = [&](int64_t j) {
     return (j - 1 > 0 || p.shard) && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0;
   };
+  auto start_of = [&](int64_t j) { return segment_block(p.segment_starts, p.num_v_heads, first + j, h); };
+  // The steps without M: S_{j+1} = S*_j, all at once.
+  copy_slices(
+      1, count, [&](int64_t j) { return !apply_m(j); },
+      [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+  // The steps with M, serial where consecutive: the running slice stays in shared memory and the
+  // next step's inputs arrive while this one computes; an M step after a step without M (or
+  // after S_0) takes its start from segment_starts instead.
   auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = first + j - 1;
     load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), apply_m(j), col0);
+                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), true, col0);
   };
-  if (count > 1) load_step(1, 0);
-  for (int64_t j = 1; j < count; ++j) {
-    const int t = static_cast<int>((j - 1) & 1);
-    cp_async_wait<0>();  // step j's inputs (issued during step j - 1)
-    __syncthreads();     // ... visible to every thread, with step j - 1's slice; step j - 1 is done everywhere
-    if (j + 1 < count) load_step(j + 1, t ^ 1);  // buffer t ^ 1 was last read by step j - 1
-    correction_step<false>(smem, t, apply_m(j), segment_block(p.segment_starts, p.num_v_heads, first + j, h), col0);
+  auto next_m_step = [&](int64_t j) {
+    while (j < count && !apply_m(j)) ++j;
+    return j;
+  };
+  int t = 0;
+  bool prefetched = false;  // step j's inputs issued during the previous step
+  for (int64_t j = next_m_step(1); j < count;) {
+    if (!prefetched) {
+      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
+      // copies above (this step's start) are written.
+      __syncthreads();
+      load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
+      load_step(j, t);
+    }
+    const int64_t next = next_m_step(j + 1);  // its window reads overlap the loads
+    cp_async_wait<0>();  // step j's inputs
+    __syncthreads();     // ... visible to every thread, with the previous step's slice
+    prefetched = next == j + 1 && next < count;  // consecutive: its start is this step's output, s[t]
+    if (prefetched) load_step(next, t ^ 1);      // buffer t ^ 1 was last read by the previous step
+    correction_step<false>(smem, t, true, start_of(j), col0);
+    t ^= 1;
+    j = next;
   }
 }
 
@@ -275,7 +347,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float start = role == 1 && k == col0 + c0 + i ? 1.f : 0.f;
-    smem.s[1][k * kPitchS + c0 + i] = start;  // read by step 0
+    smem.s[1].store(k, c0 + i, start);  // read by step 0
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
   }
   // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
@@ -298,8 +370,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 }
 
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
-// gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. Same
-// thread layout and prefetching as the forward.
+// gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
+// forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
 __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(const BackwardParams bp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -316,24 +388,47 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[1][k * kPitchS + c0 + i] = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-  // Step j (count - 1 >= j >= 1) reads segment x = first + j: dS*_x and, without a (backward)
-  // window, M_x (for the last segment only when dht flows into it).
+  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i));
+  // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
+  // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
+  // flows into it).
   auto apply_m = [&](int64_t j) {
     return p.grad_window_chunks[(first + j) * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
   };
+  auto grad_end_of = [&](int64_t j) { return segment_block(bp.segment_grad_ends, p.num_v_heads, first + j, h); };
+  // The steps without M: dS_j = dS*_j, all at once.
+  copy_slices(
+      1, count, [&](int64_t j) { return !apply_m(j); },
+      [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+      [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+  // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
+  // step without M takes its start from segment_grad_ends; the last step's start is dht, in s[1].
   auto load_step = [&](int64_t j, int buf) {
     load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), apply_m(j), col0);
+                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), true, col0);
   };
-  if (count > 1) load_step(count - 1, 0);
-  for (int64_t j = count - 1; j >= 1; --j) {
-    const int t = static_cast<int>((count - 1 - j) & 1);  // the first step reads dht from s[1]
+  auto previous_m_step = [&](int64_t j) {
+    while (j >= 1 && !apply_m(j)) --j;
+    return j;
+  };
+  int t = 0;
+  bool prefetched = false;
+  for (int64_t j = previous_m_step(count - 1); j >= 1;) {
+    if (!prefetched) {
+      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and the copies
+      // above (this step's start) and dht in s[1] are written.
+      __syncthreads();
+      if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
+      load_step(j, t);
+    }
+    const int64_t next = previous_m_step(j - 1);  // its window reads overlap the loads
     cp_async_wait<0>();
     __syncthreads();
-    if (j - 1 >= 1) load_step(j - 1, t ^ 1);
-    correction_step<true>(smem, t, apply_m(j), segment_block(bp.segment_grad_ends, p.num_v_heads, first + j - 1, h),
-                          col0);
+    prefetched = next == j - 1 && next >= 1;
+    if (prefetched) load_step(next, t ^ 1);
+    correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
+    t ^= 1;
+    j = next;
   }
 }
 
@@ -348,7 +443,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    smem.s[1][k * kPitchS + c0 + i] = 0.f;  // dS_J, read by the first step
+    smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
   // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
@@ -387,7 +482,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float x = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
-    smem.s[1][k * kPitchS + c0 + i] = x;  // S_0, read by step 0
+    smem.s[1].store(k, c0 + i, x);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x;
   }
   auto load_step = [&](int j, int buf) { load_correction_step(smem, buf, map(j, 0), map(j, 1), true, col0); };
@@ -402,9 +497,14 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const float* last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceTile& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last[k * kPitchS + c0 + i]);
+    for (int half = 0; half < 2; ++half) {  // hi + lo: within 2^-17 of the fp32 slice
+      float x[8];
+      last.values(k, c0 + 8 * half, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) final_state.store(k, col0 + c0 + 8 * half + i, x[i]);
+    }
   }
 }
 
@@ -426,7 +526,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float x = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-    smem.s[1][k * kPitchS + c0 + i] = x;  // read by step 0
+    smem.s[1].store(k, c0 + i, x);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x;
   }
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
