@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/sm90/params.h"
+#include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
 namespace flashgdn::kern {
@@ -26,9 +27,7 @@ __device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, 
     if (row < rows) {
       const int64_t t = t0 + row;
       gates.g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-      const int64_t off = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-      gates.beta[i] = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
-                                     : static_cast<const float*>(p.beta)[off];
+      gates.beta[i] = load_beta(p, b, t, h);
     }
   }
   return gates;

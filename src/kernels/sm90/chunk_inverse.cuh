@@ -112,14 +112,7 @@ struct ChunkInverse {
     } else {  // betas only (0 past the chunk)
       for (int e = threadIdx.x; e < heads.count * kChunk; e += kThreads) {
         const int v = e / kChunk, row = e % kChunk;
-        float beta = 0.f;
-        if (row < where.rows) {
-          const int64_t off = b * p.beta_strides.batch + (where.first_token + row) * p.beta_strides.token +
-                              (heads.first + v) * p.beta_strides.head;
-          beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off])
-                                : static_cast<const float*>(p.beta)[off];
-        }
-        s.beta[v][row] = beta;
+        s.beta[v][row] = row < where.rows ? load_beta(p, b, where.first_token + row, heads.first + v) : 0.f;
       }
     }
     cp_async_wait<0>();

@@ -49,9 +49,7 @@ constexpr int kWindowFirstTileChunks = kWindowThreads / kChunk;     // the first
 template <typename Elem>
 __device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, int64_t t, int h, int hk) {
   const int64_t gate_at = b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head;
-  const int64_t beta_at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-  const float beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[beta_at])
-                                    : static_cast<const float*>(p.beta)[beta_at];
+  const float beta = load_beta(p, b, t, h);
   const Elem* k = row_ptr<Elem>(p.k, p.k_strides, b, t, hk);
   float norm2 = 0.f;
 #pragma unroll

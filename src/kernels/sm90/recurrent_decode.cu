@@ -48,9 +48,7 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
     }
     const float v = to_float(row_ptr<Elem>(p.v, p.v_strides, b, t, h)[col]);
     const float decay = __expf(p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head]);
-    const int64_t beta_at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
-    const float beta = p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[beta_at])
-                                      : static_cast<const float*>(p.beta)[beta_at];
+    const float beta = load_beta(p, b, t, h);
     __syncthreads();
     float u = 0.f;
 #pragma unroll
