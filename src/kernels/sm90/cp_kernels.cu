@@ -43,7 +43,6 @@ namespace {
 
 constexpr int kWindowThreads = 256;                                 // 8 warps
 constexpr int kWindowTileChunks = kWindowThreads * 4 / kChunk;      // 16 chunks per tile, 4 tokens a thread
-constexpr int kWindowFirstTileChunks = kWindowThreads / kChunk;     // the first tile: 4 chunks, 1 token a thread
 
 // A token's term of the window sum: g_t + log max(1, |1 - beta_t |k_t|^2|) (0 past the segment).
 template <typename Elem>
@@ -62,11 +61,10 @@ __device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, 
   return p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
 }
 
-// Tiles of 4 chunks, then of 16 (most windows close within a few chunks: the first tile reads a
-// quarter of the keys): the half-chunk sums of a tile in parallel (warp w sums half-chunks w, w + 8,
-// w + 16, w + 24 of 32 tokens each, one token a lane), then thread 0 adds the chunks in walking
-// order until the total crosses the threshold. (A chunk's sum is its two halves' warp sums added,
-// as one chunk at a time would: the same window.)
+// Tiles of 16 chunks: the 32 half-chunk sums of a tile in parallel (warp w sums half-chunks w,
+// w + 8, w + 16, w + 24 of 32 tokens each, one token a lane), then thread 0 adds the chunks in
+// walking order until the total crosses the threshold. (A chunk's sum is its two halves' warp
+// sums added, as one chunk at a time would: the same window.)
 template <typename Elem>
 __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const ForwardParams p, int32_t* windows,
                                                                     bool leading) {
@@ -83,10 +81,9 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
   __shared__ int32_t found;  // the window in chunks once crossed, else 0
   float total = 0.f;         // thread 0's running sum
   if (threadIdx.x == 0) found = 0;
-  for (int64_t tile0 = 0, tile = kWindowFirstTileChunks; tile0 < chunks; tile0 += tile, tile = kWindowTileChunks) {
+  for (int64_t tile0 = 0; tile0 < chunks; tile0 += kWindowTileChunks) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (i >= tile / kWindowFirstTileChunks) break;  // uniform: 1 round in the first tile, 4 after
       const int half = warp + 8 * i;
       const int64_t step = tile0 + half / 2;
       float term = 0.f;
@@ -101,7 +98,7 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int j = 0; j < tile && tile0 + j < chunks; ++j) {
+      for (int j = 0; j < kWindowTileChunks && tile0 + j < chunks; ++j) {
         total += half_sums[2 * j] + half_sums[2 * j + 1];
         if (total <= p.decay_threshold) {
           found = static_cast<int32_t>(tile0 + j + 1);
