@@ -5,13 +5,14 @@ Each row: sequences N, v-heads Hv, tokens per sequence, the planner's segment le
 both times and auto / off. The summary gives the worst ratio (it must stay within noise, <= 1.03)
 and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_sweep_<commit>.csv.
 
---direction bwd: the backward on the low-parallelism rows of the tables (one sequence of 2k-32k
-tokens at Hv 8, 16, 32; four sequences of 8k at Hv 8; one of 8k at Hv 64, where CP should stay
-off), timed with the planner's choice (auto), with CP off and forced on at several segment lengths:
-does auto find the best cut? CSV <date>_cp_sweep_bwd_<commit>.csv, one row per (configuration,
-segment length; 0: off, -1: auto).
+--direction bwd, or --splits for the forward: the low-parallelism rows of the tables (SPLIT_CONFIGS:
+one sequence of 2k-32k tokens at Hv 8, 16, 32; two of 4k at Hv 16; four of 8k at Hv 8; one of 8k
+at Hv 64, where CP should stay off), timed with the planner's choice (auto), with CP off and forced
+on at several segment lengths: does auto find the best cut? CSV
+<date>_cp_sweep_<fwd|bwd>_splits_<commit>.csv, one row per (configuration, segment length; 0: off,
+-1: auto).
 
-    python bench/cp_sweep.py [--quick] [--direction fwd|bwd] [--out DIR]
+    python bench/cp_sweep.py [--quick] [--direction fwd|bwd] [--splits] [--out DIR]
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ def sweep_inputs(n, length, hv):
     return (q, k, v, g, beta), cu_cpu.to(device="cuda", dtype=torch.int32), cu_cpu
 
 
-def timed(x, mode, cu, cu_cpu):
+def timed(x, mode, cu, cu_cpu, segment_chunks=0):
     q, k, v, g, beta = x
     o = torch.empty_like(v)
 
     def fn():
         flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, cu, 128 ** -0.5, False, False, False, cu_cpu,
-                                  mode)
+                                  mode, segment_chunks)
     return time_graph(fn, replays=10), o
 
 
@@ -74,40 +75,55 @@ def backward_timed(x, mode, segment_chunks, cu, cu_cpu):
     return time_graph(fn, replays=10)
 
 
-def backward_sweep(out_dir):
-    configs = [(1, length, hv) for hv in (8, 16, 32) for length in (2048, 8192, 32768)] + [(4, 8192, 8), (1, 8192, 64)]
-    path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_bwd_{commit()}.csv"
+# Low-parallelism configurations (sequences, tokens per sequence, v-heads) of the split scans: the
+# tables' 1 x 2k-32k rows at Hv 8, 16, 32, the 4096-token rows where the decision is closest, four
+# sequences of 8k at Hv 8, and one of 8k at Hv 64, where CP should stay off.
+SPLIT_CONFIGS = ([(1, length, hv) for hv in (8, 16, 32) for length in (2048, 4096, 8192, 32768)]
+                 + [(2, 4096, 16), (4, 8192, 8), (1, 8192, 64)])
+
+
+def split_sweep(direction, out_dir):
+    """Auto against CP off and forced on at several segment lengths: does auto find the best cut?"""
+    def timed_call(x, mode, segment_chunks, cu, cu_cpu):
+        if direction == "bwd":
+            return backward_timed(x, mode, segment_chunks, cu, cu_cpu)
+        return timed(x, mode, cu, cu_cpu, segment_chunks)[0]
+
+    path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_{direction}_splits_{commit()}.csv"
+    worst = 0.0
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["sequences", "h_v", "tokens_per_seq", "segment_chunks", "ms", "over_off"])
-        for n, length, hv in configs:
+        for n, length, hv in SPLIT_CONFIGS:
             x, cu, cu_cpu = sweep_inputs(n, length, hv)
-            t_off = backward_timed(x, OFF, 0, cu, cu_cpu)
+            t_off = timed_call(x, OFF, 0, cu, cu_cpu)
             writer.writerow([n, hv, length, 0, f"{t_off:.4f}", "1.000"])
             best = (t_off, 0)
-            for L in (8, 16, 32, 64, 128):
+            for L in (4, 8, 16, 32, 64, 128):
                 if L >= length // 64:
                     continue
-                t = backward_timed(x, ON, L, cu, cu_cpu)
+                t = timed_call(x, ON, L, cu, cu_cpu)
                 writer.writerow([n, hv, length, L, f"{t:.4f}", f"{t / t_off:.3f}"])
                 best = min(best, (t, L))
-            t_auto = backward_timed(x, AUTO, 0, cu, cu_cpu)
+            t_auto = timed_call(x, AUTO, 0, cu, cu_cpu)
             writer.writerow([n, hv, length, -1, f"{t_auto:.4f}", f"{t_auto / t_off:.3f}"])
             f.flush()
-            print(f"bwd N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at L={best[1]} "
-                  f"({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
+            worst = max(worst, t_auto / best[0])
+            print(f"{direction} N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at "
+                  f"L={best[1]} ({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
                   f"auto/best {t_auto / best[0]:.3f})")
-    print(f"wrote {path}")
+    print(f"summary {direction} splits: {len(SPLIT_CONFIGS)} configs, worst auto/best {worst:.3f}; wrote {path}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="lengths 8k and 32k, heads 2/8/32")
     parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--splits", action="store_true", help="forward: the split scan of --direction bwd")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    if args.direction == "bwd":
-        backward_sweep(args.out)
+    if args.direction == "bwd" or args.splits:
+        split_sweep(args.direction, args.out)
         return
     lengths = [8192, 32768] if args.quick else LENGTHS
     heads = [2, 8, 32] if args.quick else HEADS

@@ -10,7 +10,10 @@ kernel's makespan is its longest item and the model is linear in its coefficient
        t_C - t_A = 3 launch + s + (S - 1) c + (L - C) f                    [+ item constants]
 with f = fused_chunk_us, s = state_chunk_us, m = state_m_chunk_us, c = correction_step_us,
 c_m = correction_m_step_us. base(C) (the chunk inverse, parallel over chunks) is the same with and
-without CP and cancels in the differences. The per-item constants and the gate scan are folded
+without CP and cancels in the differences. B and C run on two families fitted together: the long
+sequence of A (C = 512 chunks, L = 32 .. 256) and a short one at more heads (64 chunks at Hv = 16,
+L = 8 .. 32: one wave), where the decisions of the tables' 4k-8k rows are made; each family's differences are
+taken from its own no-CP time. The per-item constants and the gate scan are folded
 into launch_us (item constants 0). Prints the fitted coefficients as C++ for CostModel's defaults
 and writes them, with every measurement, to bench/results/<date>_cost_model_<commit>.json.
 
@@ -23,7 +26,8 @@ for the forward and the reverse scan; the record is <date>_cost_model_bwd_<commi
 src/plan/cost_model.h; backward: CostModel::backward() in src/plan/cost_model.cpp) and the record's
 name beside them, for a rebuild and a sweep in the same run.
 
-    python bench/fit_cost_model.py [--direction fwd|bwd] [--tokens 32768] [--heads 4] [--write-header]
+    python bench/fit_cost_model.py [--direction fwd|bwd] [--tokens 32768] [--heads 4] [--short-tokens 4096]
+        [--short-heads 16] [--write-header]
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--short-tokens", type=int, default=4096, help="the short family's sequence")
+    parser.add_argument("--short-heads", type=int, default=16, help="the short family's v-heads")
     parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     parser.add_argument("--write-header", action="store_true", help="put the fit into src/plan/")
     args = parser.parse_args()
@@ -103,30 +109,42 @@ def main():
     record["A"] = {"chunks": [r[1] for r in a_rows], "us": a_times}
     t_a = a_times[-1]
 
-    segment_lengths = [L for L in (C // 16, C // 8, C // 4, C // 2) if L >= 4]
+    # B and C run in two families: the long sequence of A (segments of C/16 .. C/2 chunks) and a short
+    # one at more heads (--short-tokens, --short-heads; segments of 4 .. 32 chunks while the segments'
+    # items fit one wave of the H200's 132 SMs), where the planner's
+    # decisions are closest; both share the coefficients, each has its own no-CP time t_A.
+    short_chunks = args.short_tokens // 64
+    families = [(T, hv, t_a, [L for L in (C // 16, C // 8, C // 4, C // 2) if L >= 4]),
+                (args.short_tokens, args.short_heads,
+                 call_time_us(inputs(args.short_tokens, args.short_heads, "weak"), OFF, direction=direction),
+                 [L for L in (4, 8, 16, 32) if L < short_chunks and short_chunks // L * args.short_heads <= 132])]
+    record["families"] = [{"tokens": f[0], "heads": f[1], "t_A_us": f[2], "segment_chunks": f[3]} for f in families]
+
     # C: windows of one chunk -> s and c.
-    strong = inputs(T, hv, "strong")
     c_rows, c_vals, c_times = [], [], []
-    for L in segment_lengths:
-        S = C // L
-        t = call_time_us(strong, ON, L, direction)
-        c_times.append(t)
-        c_rows.append([1.0, S - 1])
-        c_vals.append(t - t_a - (L - C) * fused_chunk)
+    for tokens, heads, t_nocp, segment_lengths in families:
+        strong, chunks = inputs(tokens, heads, "strong"), tokens // 64
+        for L in segment_lengths:
+            S = chunks // L
+            t = call_time_us(strong, ON, L, direction)
+            c_times.append(t)
+            c_rows.append([1.0, S - 1])
+            c_vals.append(t - t_nocp - (L - chunks) * fused_chunk)
     const_c, step = lstsq(c_rows, c_vals)
-    record["C"] = {"segment_chunks": segment_lengths, "us": c_times}
+    record["C"] = {"segment_chunks": [L for f in families for L in f[3]], "us": c_times}
 
     # B: every head exact -> max(s, m) and c + c_m.
-    exact = inputs(T, hv, "zero")
     b_rows, b_vals, b_times = [], [], []
-    for L in segment_lengths:
-        S = C // L
-        t = call_time_us(exact, ON, L, direction)
-        b_times.append(t)
-        b_rows.append([1.0, L, S - 1])
-        b_vals.append(t - t_a - (L - C) * fused_chunk)
+    for tokens, heads, t_nocp, segment_lengths in families:
+        exact, chunks = inputs(tokens, heads, "zero"), tokens // 64
+        for L in segment_lengths:
+            S = chunks // L
+            t = call_time_us(exact, ON, L, direction)
+            b_times.append(t)
+            b_rows.append([1.0, L, S - 1])
+            b_vals.append(t - t_nocp - (L - chunks) * fused_chunk)
     const_b, state_or_m, step_with_m = lstsq(b_rows, b_vals)
-    record["B"] = {"segment_chunks": segment_lengths, "us": b_times}
+    record["B"] = {"segment_chunks": [L for f in families for L in f[3]], "us": b_times}
 
     launch = max(const_c, 0.0) / 3  # 3 extra launches carry the constants (items, gate scan, one chunk)
     coefficients = {

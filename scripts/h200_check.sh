@@ -22,7 +22,8 @@
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
-#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd"), TIMELINE=1 (every
+#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd"; "splits": the forward's
+#   auto against forced segment lengths, bench/cp_sweep.py --splits), TIMELINE=1 (every
 #   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call)
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
@@ -203,6 +204,11 @@ if [ "$MODE" = cp ]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
     note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
     grep -E "ratio 1\.0[3-9]|ratio 1\.[1-9]" "$OUT/sweep.log" | head -10
+  fi
+  if [[ " ${CP_SWEEPS-fwd bwd} " == *" splits "* ]]; then
+    timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --splits --out "$OUT" >"$OUT/sweep_splits.log" 2>&1
+    note "forward split scan rc=$?: $(tail -1 "$OUT/sweep_splits.log")"
+    grep "^fwd" "$OUT/sweep_splits.log"
   fi
   if [[ " ${CP_SWEEPS-fwd bwd} " == *" bwd "* ]]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --direction bwd --out "$OUT" >"$OUT/sweep_bwd.log" 2>&1
