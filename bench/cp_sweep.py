@@ -83,7 +83,8 @@ SPLIT_CONFIGS = ([(1, length, hv) for hv in (8, 16, 32) for length in (2048, 409
 
 
 def split_sweep(direction, out_dir):
-    """Auto against CP off and forced on at several segment lengths: does auto find the best cut?"""
+    """Auto against CP off and forced on at several segment lengths: does auto find the best cut?
+    Returns the CSV's path (bench/fit_cost_model.py fits the cost model to it)."""
     def timed_call(x, mode, segment_chunks, cu, cu_cpu):
         if direction == "bwd":
             return backward_timed(x, mode, segment_chunks, cu, cu_cpu)
@@ -113,6 +114,7 @@ def split_sweep(direction, out_dir):
                   f"L={best[1]} ({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
                   f"auto/best {t_auto / best[0]:.3f})")
     print(f"summary {direction} splits: {len(SPLIT_CONFIGS)} configs, worst auto/best {worst:.3f}; wrote {path}")
+    return path
 
 
 def main():

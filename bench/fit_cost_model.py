@@ -1,176 +1,200 @@
-"""Fit the auto-CP cost model (src/plan/cost_model.h) to flashgdn's forward kernels on this GPU.
+"""Fit the auto-CP cost model (src/plan/cost_model.h) to flashgdn's kernels on this GPU, through the
+planner's own code.
 
-Whole calls are timed by CUDA-graph replay (median) in three single-wave experiments, so that every
-kernel's makespan is its longest item and the model is linear in its coefficients:
+Data: the split scan (bench/cp_sweep.py, SPLIT_CONFIGS: the tables' low-parallelism shapes, one to
+four sequences of 2k-32k tokens at 8-64 v-heads), each configuration timed by CUDA-graph replay
+(median) with CP off and forced on at segment lengths L = 4 .. 128 chunks. A point is the measured
+change of the whole call when the sequence is cut at L, t(L) - t(off); the chunk inverse, the same
+with and without CP, cancels in it.
 
-  A  no CP, one sequence of C chunks, Hv = 4:       t_A(C) = base(C) + launch + C f
-  B  CP on, g == 0 (every head exact), segments of L chunks, S = C / L:
-       t_B - t_A = 3 launch + L max(s, m) + (S - 1)(c + c_m) + (L - C) f  [+ item constants]
-  C  CP on, strong decay (windows of one chunk):
-       t_C - t_A = 3 launch + s + (S - 1) c + (L - C) f                    [+ item constants]
-with f = fused_chunk_us, s = state_chunk_us, m = state_m_chunk_us, c = correction_step_us,
-c_m = correction_m_step_us. base(C) (the chunk inverse, parallel over chunks) is the same with and
-without CP and cancels in the differences. B and C run on two families fitted together: the long
-sequence of A (C = 512 chunks, L = 32 .. 256) and a short one at more heads (64 chunks at Hv = 16,
-L = 8 .. 32: one wave), where the decisions of the tables' 4k-8k rows are made; each family's differences are
-taken from its own no-CP time. The per-item constants and the gate scan are folded
-into launch_us (item constants 0). Prints the fitted coefficients as C++ for CostModel's defaults
-and writes them, with every measurement, to bench/results/<date>_cost_model_<commit>.json.
+Model: the planner's modelled time (cp_plan.h predict_time_us, evaluated by the cp_plan_predict
+tool of the build, bench/cp_plan_predict.cpp) of split_plan(L) minus that of no CP, with the
+coefficients under fit. The planner assumes every v-head needs the exact transition M (its worst
+case; the scan runs the tests' "mixed" gates), so only the sums state + state_m and correction
+step + m_step are observable: they are fitted into state_chunk_us and correction_step_us, the M
+extras set to 0. Fitted: fused_chunk_us, fused_item_us, state_chunk_us, state_item_us,
+correction_step_us, gate_scan_chunk_us (the decay-window scan walks a whole segment for a head
+without a window) and launch_us (the correction's per-item constant folds into it). The loss is the squared error of each point relative to its configuration's no-CP time (every
+shape weighs alike), minimised by Nelder-Mead over nonnegative coefficients from the current ones.
+Because the model's makespans are exact wave counts, the fit sees where a cut spills into a second
+wave; the record gives, per configuration, the length the fitted planner picks and its measured
+time against the best measured one.
 
---direction bwd fits the same model to the backward (the whole backward call: its chunk inverse,
-forward recompute and fused backward, or with CP their CP pipelines): the fused chunk stands for the
-chunk-state pass plus the fused backward, the state pass for the S* and dS* passes, the correction
-for the forward and the reverse scan; the record is <date>_cost_model_bwd_<commit>.json.
+--direction bwd fits CostModel::backward() to the backward's split scan the same way.
 
 --write-header puts the fitted values into the sources (forward: CostModel's defaults in
 src/plan/cost_model.h; backward: CostModel::backward() in src/plan/cost_model.cpp) and the record's
 name beside them, for a rebuild and a sweep in the same run.
 
-    python bench/fit_cost_model.py [--direction fwd|bwd] [--tokens 32768] [--heads 4] [--short-tokens 4096]
-        [--short-heads 16] [--write-header]
+    python bench/fit_cost_model.py [--direction fwd|bwd] [--splits CSV] [--predictor PATH] [--write-header]
+
+Without --splits the scan is measured first (a CUDA GPU and the built library needed; its CSV goes
+to bench/results/); with it, the fit runs anywhere the build's cp_plan_predict does. The record is
+bench/results/<date>_cost_model[_bwd]_<commit>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
+import math
 import pathlib
 import re
-import sys
-
-import torch
+import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-
-import flashgdn  # noqa: E402
-from conftest import make_gates  # noqa: E402  (the test regimes: zero, weak, strong, mixed, model)
-from flashgdn.bench.timing import git_commit as commit, time_graph  # noqa: E402
-
-OFF, ON = 1, 2
+FITTED = ("fused_chunk_us", "fused_item_us", "state_chunk_us", "state_item_us", "correction_step_us",
+          "gate_scan_chunk_us", "launch_us")
+FIXED_ZERO = ("state_m_chunk_us", "correction_m_step_us", "correction_item_us")
 
 
-def inputs(T, hv, regime):
-    q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
-    v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
-    g = make_gates(regime, 1, T, hv, "cuda")
-    beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
-    return q, k, v, g, beta
+def read_scan(path):
+    """{(sequences, v_heads, tokens): {segment_chunks: ms}} of a split-scan CSV (0: off, -1: auto)."""
+    scan = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            key = (int(row["sequences"]), int(row["h_v"]), int(row["tokens_per_seq"]))
+            scan.setdefault(key, {})[int(row["segment_chunks"])] = float(row["ms"]) * 1e3
+    return scan
 
 
-def call_time_us(x, mode, segment_chunks=0, direction="fwd"):
-    q, k, v, g, beta = x
-    if direction == "fwd":
-        o = torch.empty_like(v)
+class Planner:
+    """The planner's modelled times through cp_plan_predict, for one direction."""
 
-        def fn():
-            flashgdn.ops.forward_into(o, None, q, k, v, g, beta, None, None, 128 ** -0.5, False, False, False,
-                                      None, mode, segment_chunks)
-    else:
-        do = torch.randn_like(v)
-        grads = [torch.empty_like(t) for t in x]
+    def __init__(self, predictor, direction):
+        self.predictor, self.direction = str(predictor), direction
 
-        def fn():
-            flashgdn.ops.backward_into(*grads, None, q, k, v, g, beta, do, None, None, None, 128 ** -0.5, False,
-                                       False, None, mode, segment_chunks)
-    return 1e3 * time_graph(fn)
+    def predict(self, coefficients, plans):
+        """[(modelled_us, target_segment_chunks)] of each (sequences, heads, tokens, segment_chunks)."""
+        args = [self.predictor, self.direction] + [f"{name}={value:.6f}" for name, value in coefficients.items()]
+        text = "".join(f"{n} {h} {t} {L}\n" for n, h, t, L in plans)
+        out = subprocess.run(args, input=text, capture_output=True, text=True, check=True).stdout.split()
+        return [(float(out[i]), int(out[i + 1])) for i in range(0, len(out), 2)]
 
 
-def lstsq(rows, values):
-    a = torch.tensor(rows, dtype=torch.float64)
-    b = torch.tensor(values, dtype=torch.float64).unsqueeze(1)
-    return torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
+def points_of(scan):
+    """(config, L, measured t(L) - t(off) in us, t(off) in us) for every forced cut."""
+    return [(config, L, us - times[0], times[0])
+            for config, times in sorted(scan.items()) for L, us in sorted(times.items()) if L > 0]
+
+
+def loss(planner, coefficients, points):
+    configs = sorted({p[0] for p in points})
+    plans = [config + (0,) for config in configs] + [p[0] + (p[1],) for p in points]
+    modelled = planner.predict(coefficients, plans)
+    off = {config: modelled[i][0] for i, config in enumerate(configs)}
+    total = 0.0
+    for (config, _, measured, t_off), (us, _) in zip(points, modelled[len(configs):]):
+        total += ((us - off[config] - measured) / t_off) ** 2
+    return total / len(points)
+
+
+def nelder_mead(f, x0, steps, iterations=600):
+    """Minimise f over R^n from x0 (simplex edges `steps`); the standard reflection, expansion,
+    contraction and shrink moves."""
+    simplex = [list(x0)] + [[x + (steps[i] if i == j else 0.0) for j, x in enumerate(x0)] for i in range(len(x0))]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = sorted(range(len(simplex)), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = [sum(x[j] for x in simplex[:-1]) / (len(simplex) - 1) for j in range(len(x0))]
+        worst = simplex[-1]
+        reflected = [c + (c - w) for c, w in zip(centroid, worst)]
+        f_reflected = f(reflected)
+        if f_reflected < values[0]:
+            expanded = [c + 2.0 * (c - w) for c, w in zip(centroid, worst)]
+            f_expanded = f(expanded)
+            simplex[-1], values[-1] = (expanded, f_expanded) if f_expanded < f_reflected else (reflected, f_reflected)
+        elif f_reflected < values[-2]:
+            simplex[-1], values[-1] = reflected, f_reflected
+        else:
+            contracted = [c + 0.5 * (w - c) for c, w in zip(centroid, worst)]
+            f_contracted = f(contracted)
+            if f_contracted < values[-1]:
+                simplex[-1], values[-1] = contracted, f_contracted
+            else:
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, s)] for s in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    i = min(range(len(simplex)), key=values.__getitem__)
+    return simplex[i], values[i]
+
+
+def current_coefficients(direction):
+    """The coefficients now in the sources (the fit's starting point)."""
+    source = ROOT / "src" / "plan" / ("cost_model.h" if direction == "fwd" else "cost_model.cpp")
+    prefix = r"double " if direction == "fwd" else r"model\."
+    text = source.read_text()
+    return {name: float(re.search(rf"{prefix}{name} = ([-0-9.e]+);", text).group(1)) for name in FITTED + FIXED_ZERO}
+
+
+def fit(scan, planner, start):
+    points = points_of(scan)
+    fixed = {name: 0.0 for name in FIXED_ZERO}
+
+    def coefficients_of(x):
+        return {**{name: abs(v) for name, v in zip(FITTED, x)}, **fixed}
+
+    x0 = [start[name] for name in FITTED]
+    steps = [max(0.3 * abs(v), 1.0) for v in x0]
+    x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x0, steps)
+    for _ in range(2):  # restarts from the optimum: Nelder-Mead can stall on the makespans' kinks
+        x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x,
+                               [max(0.1 * abs(v), 0.5) for v in x])
+    return coefficients_of(x), math.sqrt(value), math.sqrt(loss(planner, start, points))
+
+
+def choices(scan, planner, coefficients):
+    """Per configuration: the fitted planner's length, its measured time when the scan has it, the
+    best measured length and time."""
+    configs = sorted(scan)
+    picked = planner.predict(coefficients, [c + (-1,) for c in configs])
+    out = []
+    for config, (_, L) in zip(configs, picked):
+        times = {k: v for k, v in scan[config].items() if k >= 0}
+        best = min(times, key=times.get)
+        out.append({"config": list(config), "planner_L": L, "planner_us": times.get(L),
+                    "best_L": best, "best_us": times[best]})
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--short-tokens", type=int, default=4096, help="the short family's sequence")
-    parser.add_argument("--short-heads", type=int, default=16, help="the short family's v-heads")
     parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--splits", help="a split-scan CSV (bench/cp_sweep.py --splits / --direction bwd)")
+    parser.add_argument("--predictor", default=str(ROOT / "build" / "bench" / "cp_plan_predict"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--write-header", action="store_true", help="put the fit into src/plan/")
     args = parser.parse_args()
-    hv, T, direction = args.heads, args.tokens, args.direction
-    C = T // 64
-    record = {"device": torch.cuda.get_device_name(), "commit": commit(), "direction": direction, "heads": hv,
-              "tokens": T}
-
-    # A: the fused kernel's per-chunk time from the slope over sequence lengths.
-    a_rows, a_times = [], []
-    for tokens in (T // 8, T // 4, T // 2, T):
-        t = call_time_us(inputs(tokens, hv, "weak"), OFF, direction=direction)
-        a_rows.append([1.0, tokens / 64])
-        a_times.append(t)
-    intercept_a, fused_chunk = lstsq(a_rows, a_times)
-    record["A"] = {"chunks": [r[1] for r in a_rows], "us": a_times}
-    t_a = a_times[-1]
-
-    # B and C run in two families: the long sequence of A (segments of C/16 .. C/2 chunks) and a short
-    # one at more heads (--short-tokens, --short-heads; segments of 4 .. 32 chunks while the segments'
-    # items fit one wave of the H200's 132 SMs), where the planner's
-    # decisions are closest; both share the coefficients, each has its own no-CP time t_A.
-    short_chunks = args.short_tokens // 64
-    families = [(T, hv, t_a, [L for L in (C // 16, C // 8, C // 4, C // 2) if L >= 4]),
-                (args.short_tokens, args.short_heads,
-                 call_time_us(inputs(args.short_tokens, args.short_heads, "weak"), OFF, direction=direction),
-                 [L for L in (4, 8, 16, 32) if L < short_chunks and short_chunks // L * args.short_heads <= 132])]
-    record["families"] = [{"tokens": f[0], "heads": f[1], "t_A_us": f[2], "segment_chunks": f[3]} for f in families]
-
-    # C: windows of one chunk -> s and c.
-    c_rows, c_vals, c_times = [], [], []
-    for tokens, heads, t_nocp, segment_lengths in families:
-        strong, chunks = inputs(tokens, heads, "strong"), tokens // 64
-        for L in segment_lengths:
-            S = chunks // L
-            t = call_time_us(strong, ON, L, direction)
-            c_times.append(t)
-            c_rows.append([1.0, S - 1])
-            c_vals.append(t - t_nocp - (L - chunks) * fused_chunk)
-    const_c, step = lstsq(c_rows, c_vals)
-    record["C"] = {"segment_chunks": [L for f in families for L in f[3]], "us": c_times}
-
-    # B: every head exact -> max(s, m) and c + c_m.
-    b_rows, b_vals, b_times = [], [], []
-    for tokens, heads, t_nocp, segment_lengths in families:
-        exact, chunks = inputs(tokens, heads, "zero"), tokens // 64
-        for L in segment_lengths:
-            S = chunks // L
-            t = call_time_us(exact, ON, L, direction)
-            b_times.append(t)
-            b_rows.append([1.0, L, S - 1])
-            b_vals.append(t - t_nocp - (L - chunks) * fused_chunk)
-    const_b, state_or_m, step_with_m = lstsq(b_rows, b_vals)
-    record["B"] = {"segment_chunks": [L for f in families for L in f[3]], "us": b_times}
-
-    launch = max(const_c, 0.0) / 3  # 3 extra launches carry the constants (items, gate scan, one chunk)
-    coefficients = {
-        "fused_chunk_us": fused_chunk,
-        "fused_item_us": 0.0,
-        "state_chunk_us": state_or_m,  # the S* and M CTAs of a segment run side by side in one wave
-        "state_m_chunk_us": 0.0,
-        "state_item_us": 0.0,
-        "correction_step_us": max(step, 0.0),
-        "correction_m_step_us": max(step_with_m - step, 0.0),
-        "correction_item_us": 0.0,
-        "gate_scan_chunk_us": 0.0,
-        "launch_us": launch,
-    }
-    record["fit"] = coefficients
-    record["residual_constants_us"] = {"A_intercept": intercept_a, "B_const": const_b, "C_const": const_c}
-    tag = "cost_model" if direction == "fwd" else "cost_model_bwd"
-    out = ROOT / "bench" / "results" / f"{datetime.date.today()}_{tag}_{record['commit']}.json"
+    if args.splits:
+        splits, commit = pathlib.Path(args.splits), re.search(r"_([0-9a-f]{7,})\.csv$", args.splits)
+        commit = commit.group(1) if commit else "unknown"
+    else:
+        import cp_sweep  # torch and the library: only to measure
+        splits, commit = cp_sweep.split_sweep(args.direction, args.out), cp_sweep.commit()
+    scan = read_scan(splits)
+    planner = Planner(args.predictor, args.direction)
+    start = current_coefficients(args.direction)
+    coefficients, rms, rms_start = fit(scan, planner, start)
+    record = {"direction": args.direction, "commit": commit, "splits": splits.name, "fit": coefficients,
+              "rms_relative_error": rms, "rms_relative_error_before": rms_start, "start": start,
+              "choices": choices(scan, planner, coefficients)}
+    tag = "cost_model" if args.direction == "fwd" else "cost_model_bwd"
+    out = pathlib.Path(args.out) / f"{datetime.date.today()}_{tag}_{commit}.json"
     out.write_text(json.dumps(record, indent=1))
-    print(json.dumps(record, indent=1))
-    print(f"// fitted by bench/fit_cost_model.py --direction {direction}:")
+    for c in record["choices"]:
+        measured = "not scanned" if c["planner_us"] is None else f"{c['planner_us'] / c['best_us']:.3f} of best"
+        print(f"{args.direction} N={c['config'][0]} Hv={c['config'][1]:3d} len={c['config'][2]:6d}  planner L={c['planner_L']:3d}"
+              f"  best L={c['best_L']:3d}  ({measured})")
+    print(f"// fitted by bench/fit_cost_model.py --direction {args.direction} (rms relative error of t(L) - t(off): "
+          f"{rms:.4f}, {rms_start:.4f} with the previous coefficients):")
     for name, value in coefficients.items():
         print(f"  {name} = {value:.3f};")
     print(f"wrote {out}")
     if args.write_header:
-        write_sources(coefficients, out.name, direction)
+        write_sources(coefficients, out.name, args.direction)
 
 
 def write_sources(coefficients, record_name, direction):

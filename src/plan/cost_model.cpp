@@ -5,19 +5,19 @@
 namespace flashgdn::plan {
 
 // Fitted by bench/fit_cost_model.py --direction bwd (record:
-// bench/results/2026-11-30_cost_model_bwd_db0cb6c.json).
+// bench/results/2026-11-30_cost_model_bwd_4449f24.json).
 CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 26.742;
-  model.fused_item_us = 0.000;
-  model.state_chunk_us = 11.797;
+  model.fused_chunk_us = 27.217;
+  model.fused_item_us = 28.397;
+  model.state_chunk_us = 5.104;
   model.state_m_chunk_us = 0.000;
-  model.state_item_us = 0.000;
-  model.correction_step_us = 4.632;
+  model.state_item_us = 45.786;
+  model.correction_step_us = 8.568;
   model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
-  model.gate_scan_chunk_us = 0.000;
-  model.launch_us = 43.748;
+  model.gate_scan_chunk_us = 7.595;
+  model.launch_us = 0.420;
   return model;
 }
 

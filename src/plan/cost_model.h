@@ -31,11 +31,13 @@
 // the average-load bound takes over and further splitting only adds correction steps.
 //
 // The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
-// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_db0cb6c.json). The fit
-// has three single-wave experiments, so it cannot separate the per-item constants from the launch:
-// they are folded into launch_us (the fixed price of the three extra CP kernels, about 79 us), and
-// the S* and M passes of a segment, which run side by side, share state_chunk_us. Refit after any
-// change to the fused, state-pass or correction kernels.
+// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_4449f24.json): the
+// planner's own predict_time_us, through bench/cp_plan_predict, is matched to the measured change
+// t(L) - t(no CP) of whole calls cut at L = 4 .. 128 chunks on the tables' low-parallelism shapes
+// (the split scan of bench/cp_sweep.py), relative error minimised. The planner assumes every head
+// needs the exact M, so only the sums state + state_m and step + m_step are observable: the fit
+// puts them into state_chunk_us and correction_step_us (the M extras 0). Refit after any change
+// to the fused, state-pass, window or correction kernels.
 #pragma once
 
 #include <cstdint>
@@ -45,21 +47,21 @@ namespace flashgdn::plan {
 
 struct CostModel {
   // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
-  double fused_chunk_us = 2.637;  // per chunk
-  double fused_item_us = 0.000;     // per item: entering-state load, final-state store
+  double fused_chunk_us = 2.593;  // per chunk
+  double fused_item_us = 12.865;     // per item: entering-state load, final-state store
   // State-only pass (S*, and M where a head needs it), per (segment, v-head).
-  double state_chunk_us = 2.136;  // per chunk, S* alone
+  double state_chunk_us = 1.926;  // per chunk, S* alone
   double state_m_chunk_us = 0.000;   // extra per chunk when M is formed as well
-  double state_item_us = 0.000;      // per item: S* (and M) store
+  double state_item_us = 8.981;      // per item: S* (and M) store
   // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
-  double correction_step_us = 2.464;     // per segment boundary: read S*_j
-  double correction_m_step_us = 0.170;  // extra per boundary when M_j is applied
+  double correction_step_us = 3.560;     // per segment boundary: read S*_j
+  double correction_m_step_us = 0.000;  // extra per boundary when M_j is applied
   double correction_item_us = 0.000;
   int32_t correction_slices_per_head = 4;  // V columns split across CTAs
   // Gate scan that finds the decay windows, per segment (all heads in one CTA).
-  double gate_scan_chunk_us = 0.000;
+  double gate_scan_chunk_us = 0.100;
   // Every kernel launch.
-  double launch_us = 28.383;
+  double launch_us = 7.960;
   // Concurrent CTAs per SM of the heavy kernels (fused, state pass) and of the light ones (gate
   // scan, correction).
   int32_t heavy_ctas_per_sm = 1;
