@@ -4,7 +4,8 @@
 #   scripts/h200_check.sh [tests|quick|full|bwd|cp|ab|bench|timeline|stage|dist]
 #     quick (default): tests + the quick forward and backward tables; full: tests + both full tables;
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
-#     into src/plan/ (copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
+#     into src/plan/ (bench/fit_cost_model.py: each direction's split scan, then the fit; the records
+#     copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
 #     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
 #     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
@@ -166,7 +167,8 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
     note "cost-model fit ($direction) rc=$?"
     tail -n 13 "$OUT/fit_$direction.log"
   done
-  cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
+  cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json bench/results/*cp_sweep_*_splits_"${FLASHGDN_COMMIT:-}"*.csv \
+    src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1
   note "rebuild with the fitted model rc=$?"
   ctest --test-dir build -j "$(nproc)" >"$OUT/ctest_fitted.log" 2>&1
