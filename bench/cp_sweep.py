@@ -7,8 +7,9 @@ and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_
 
 --direction bwd, or --splits for the forward: the low-parallelism rows of the tables (SPLIT_CONFIGS:
 one sequence of 2k-32k tokens at Hv 8, 16, 32; two of 4k at Hv 16; four of 8k at Hv 8; one of 8k
-at Hv 64, where CP should stay off), timed with the planner's choice (auto), with CP off and forced
-on at several segment lengths: does auto find the best cut? CSV
+at Hv 64, where CP should stay off; the forward adds FORWARD_SPLIT_CONFIGS' corners of the sweep's
+grid), timed with the planner's choice (auto), with CP off and forced on at segment lengths 4-256
+chunks: does auto find the best cut? bench/fit_cost_model.py fits the cost model to this scan. CSV
 <date>_cp_sweep_<fwd|bwd>_splits_<commit>.csv, one row per (configuration, segment length; 0: off,
 -1: auto).
 
@@ -77,9 +78,13 @@ def backward_timed(x, mode, segment_chunks, cu, cu_cpu):
 
 # Low-parallelism configurations (sequences, tokens per sequence, v-heads) of the split scans: the
 # tables' 1 x 2k-32k rows at Hv 8, 16, 32, the 4096-token rows where the decision is closest, four
-# sequences of 8k at Hv 8, and one of 8k at Hv 64, where CP should stay off.
+# sequences of 8k at Hv 8, and one of 8k at Hv 64, where CP should stay off. The forward's scan adds
+# the corners of the sweep's grid (1-2 heads, several short sequences, 128k), which its cost-model
+# fit needs to keep auto within noise of off there.
 SPLIT_CONFIGS = ([(1, length, hv) for hv in (8, 16, 32) for length in (2048, 4096, 8192, 32768)]
                  + [(2, 4096, 16), (4, 8192, 8), (1, 8192, 64)])
+FORWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(1, 2048, 1), (8, 2048, 2), (4, 2048, 4), (2, 2048, 8), (2, 8192, 1),
+                                         (4, 8192, 4), (2, 32768, 2), (4, 32768, 4), (1, 131072, 4), (4, 131072, 2)]
 
 
 def split_sweep(direction, out_dir):
@@ -90,17 +95,18 @@ def split_sweep(direction, out_dir):
             return backward_timed(x, mode, segment_chunks, cu, cu_cpu)
         return timed(x, mode, cu, cu_cpu, segment_chunks)[0]
 
+    configs = FORWARD_SPLIT_CONFIGS if direction == "fwd" else SPLIT_CONFIGS
     path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_{direction}_splits_{commit()}.csv"
     worst = 0.0
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["sequences", "h_v", "tokens_per_seq", "segment_chunks", "ms", "over_off"])
-        for n, length, hv in SPLIT_CONFIGS:
+        for n, length, hv in configs:
             x, cu, cu_cpu = sweep_inputs(n, length, hv)
             t_off = timed_call(x, OFF, 0, cu, cu_cpu)
             writer.writerow([n, hv, length, 0, f"{t_off:.4f}", "1.000"])
             best = (t_off, 0)
-            for L in (4, 8, 16, 32, 64, 128):
+            for L in (4, 8, 16, 32, 64, 128, 256):
                 if L >= length // 64:
                     continue
                 t = timed_call(x, ON, L, cu, cu_cpu)
@@ -113,7 +119,7 @@ def split_sweep(direction, out_dir):
             print(f"{direction} N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at "
                   f"L={best[1]} ({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
                   f"auto/best {t_auto / best[0]:.3f})")
-    print(f"summary {direction} splits: {len(SPLIT_CONFIGS)} configs, worst auto/best {worst:.3f}; wrote {path}")
+    print(f"summary {direction} splits: {len(configs)} configs, worst auto/best {worst:.3f}; wrote {path}")
     return path
 
 
