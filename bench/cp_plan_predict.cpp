@@ -6,7 +6,7 @@
 //     the coefficients start from CostModel's forward defaults (fwd) or CostModel::backward() (bwd);
 //     each name=value overrides one (fused_chunk_us, fused_item_us, state_chunk_us,
 //     state_m_chunk_us, state_item_us, correction_step_us, correction_m_step_us,
-//     correction_item_us, gate_scan_chunk_us, launch_us)
+//     correction_item_us, gate_scan_chunk_us, launch_us, and the integer min_segment_chunks)
 //   stdin:  one line per plan: sequences v_heads tokens_per_sequence segment_chunks
 //           (segment_chunks 0: no CP; -1: the planner's choice; L > 0: split_plan(L))
 //   stdout: one line per plan: modelled_us target_segment_chunks (0: no CP)
@@ -56,7 +56,12 @@ int main(int argc, char** argv) {
   }
   for (int i = first; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
-    double* value = eq ? coefficient(model, std::string(argv[i], static_cast<size_t>(eq - argv[i]))) : nullptr;
+    const std::string name = eq ? std::string(argv[i], static_cast<size_t>(eq - argv[i])) : "";
+    if (name == "min_segment_chunks") {
+      model.min_segment_chunks = std::strtoll(eq + 1, nullptr, 10);
+      continue;
+    }
+    double* value = eq ? coefficient(model, name) : nullptr;
     if (value == nullptr) {
       std::fprintf(stderr, "cp_plan_predict: expected name=value with a cost-model coefficient, got '%s'\n",
                    argv[i]);

@@ -17,7 +17,8 @@ correction_step_us, gate_scan_chunk_us (the decay-window scan walks a whole segm
 without a window) and launch_us (the correction's per-item constant folds into it). The loss is the squared error of each point relative to its configuration's no-CP time (every
 shape weighs alike), minimised by Nelder-Mead over nonnegative coefficients from the current ones.
 Because the model's makespans are exact wave counts, the fit sees where a cut spills into a second
-wave; the record gives, per configuration, the length the fitted planner picks and its measured
+wave. min_segment_chunks, the shortest segment the planner cuts, is the shortest length that was
+clearly (5%) the best for some configuration of the scan. The record gives, per configuration, the length the fitted planner picks and its measured
 time against the best measured one.
 
 --direction bwd fits CostModel::backward() to the backward's split scan the same way.
@@ -68,7 +69,8 @@ class Planner:
 
     def predict(self, coefficients, plans):
         """[(modelled_us, target_segment_chunks)] of each (sequences, heads, tokens, segment_chunks)."""
-        args = [self.predictor, self.direction] + [f"{name}={value:.6f}" for name, value in coefficients.items()]
+        args = [self.predictor, self.direction] + [f"{name}={value:.6f}" if isinstance(value, float) else f"{name}={value}"
+                                                   for name, value in coefficients.items()]
         text = "".join(f"{n} {h} {t} {L}\n" for n, h, t, L in plans)
         out = subprocess.run(args, input=text, capture_output=True, text=True, check=True).stdout.split()
         return [(float(out[i]), int(out[i + 1])) for i in range(0, len(out), 2)]
@@ -127,7 +129,23 @@ def current_coefficients(direction):
     source = ROOT / "src" / "plan" / ("cost_model.h" if direction == "fwd" else "cost_model.cpp")
     prefix = r"double " if direction == "fwd" else r"model\."
     text = source.read_text()
-    return {name: float(re.search(rf"{prefix}{name} = ([-0-9.e]+);", text).group(1)) for name in FITTED + FIXED_ZERO}
+    start = {name: float(re.search(rf"{prefix}{name} = ([-0-9.e]+);", text).group(1)) for name in FITTED + FIXED_ZERO}
+    start["min_segment_chunks"] = int(re.search(rf"{prefix.replace('double ', 'int64_t ')}min_segment_chunks = (\d+);",
+                                                text).group(1))
+    return start
+
+
+def shortest_paying_segment(scan, margin=0.05):
+    """The shortest segment length that was clearly the best somewhere in the scan (at least `margin`
+    faster than every other length and than no CP): the planner cuts no shorter
+    (CostModel::min_segment_chunks). 4 when no length is clearly best anywhere."""
+    paying = []
+    for times in scan.values():
+        measured = {L: t for L, t in times.items() if L >= 0}
+        best = min(measured, key=measured.get)
+        if best > 0 and all(t >= (1 + margin) * measured[best] for L, t in measured.items() if L != best):
+            paying.append(best)
+    return min(paying, default=4)
 
 
 def fit(scan, planner, start):
@@ -138,6 +156,7 @@ def fit(scan, planner, start):
         return {**{name: abs(v) for name, v in zip(FITTED, x)}, **fixed}
 
     x0 = [start[name] for name in FITTED]
+    fixed["min_segment_chunks"] = start["min_segment_chunks"]  # chosen from the scan afterwards
     steps = [max(0.3 * abs(v), 1.0) for v in x0]
     x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x0, steps)
     for _ in range(2):  # restarts from the optimum: Nelder-Mead can stall on the makespans' kinks
@@ -178,6 +197,7 @@ def main():
     planner = Planner(args.predictor, args.direction)
     start = current_coefficients(args.direction)
     coefficients, rms, rms_start = fit(scan, planner, start)
+    coefficients["min_segment_chunks"] = shortest_paying_segment(scan)
     record = {"direction": args.direction, "commit": commit, "splits": splits.name, "fit": coefficients,
               "rms_relative_error": rms, "rms_relative_error_before": rms_start, "start": start,
               "choices": choices(scan, planner, coefficients)}
@@ -191,7 +211,7 @@ def main():
     print(f"// fitted by bench/fit_cost_model.py --direction {args.direction} (rms relative error of t(L) - t(off): "
           f"{rms:.4f}, {rms_start:.4f} with the previous coefficients):")
     for name, value in coefficients.items():
-        print(f"  {name} = {value:.3f};")
+        print(f"  {name} = {value:.3f};" if isinstance(value, float) else f"  {name} = {value};")
     print(f"wrote {out}")
     if args.write_header:
         write_sources(coefficients, out.name, args.direction)
@@ -206,7 +226,9 @@ def write_sources(coefficients, record_name, direction):
     tag = "cost_model" if direction == "fwd" else "cost_model_bwd"
     text = source.read_text()
     for name, value in coefficients.items():
-        text, count = re.subn(rf"({prefix}{name} = )[-0-9.e]+;", rf"\g<1>{value:.3f};", text)
+        declared = prefix.replace("double ", "int64_t ") if isinstance(value, int) else prefix
+        formatted = f"{value:.3f}" if isinstance(value, float) else str(value)
+        text, count = re.subn(rf"({declared}{name} = )[-0-9.e]+;", rf"\g<1>{formatted};", text)
         if count != 1:
             raise SystemExit(f"{source}: expected one value of {name}, found {count}")
     text, count = re.subn(rf"bench/results/[0-9-]+_{tag}_\w+\.json", f"bench/results/{record_name}", text)

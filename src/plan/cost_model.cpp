@@ -9,15 +9,16 @@ namespace flashgdn::plan {
 CostModel CostModel::backward() {
   CostModel model;
   model.fused_chunk_us = 27.217;
-  model.fused_item_us = 28.397;
-  model.state_chunk_us = 5.104;
+  model.fused_item_us = 27.107;
+  model.state_chunk_us = 5.102;
   model.state_m_chunk_us = 0.000;
-  model.state_item_us = 45.786;
-  model.correction_step_us = 8.568;
+  model.state_item_us = 47.081;
+  model.correction_step_us = 8.561;
   model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
-  model.gate_scan_chunk_us = 7.595;
-  model.launch_us = 0.420;
+  model.gate_scan_chunk_us = 7.596;
+  model.launch_us = 0.003;
+  model.min_segment_chunks = 4;
   return model;
 }
 

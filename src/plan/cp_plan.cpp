@@ -47,9 +47,9 @@ void check_model(const CostModel& model) {
         model.correction_item_us, model.gate_scan_chunk_us, model.launch_us})
     if (!(us >= 0.0)) throw std::invalid_argument("cost model coefficients must be >= 0");
   if (model.heavy_ctas_per_sm < 1 || model.light_ctas_per_sm < 1 ||
-      model.correction_slices_per_head < 1)
+      model.correction_slices_per_head < 1 || model.min_segment_chunks < 1)
     throw std::invalid_argument(
-        "cost model CTAs per SM and correction slices per head must be >= 1");
+        "cost model CTAs per SM, correction slices per head and min_segment_chunks must be >= 1");
 }
 
 // Segments of a sequence of `chunks` chunks for a target length of `segment_chunks`.
@@ -211,8 +211,10 @@ double predict_time_us(const CpPlan& plan, const CostModel& model) {
   return items.time_us(plan.num_sms);
 }
 
-CpPlan plan_cp(const CpProblem& problem, const CostModel& model, const CpOptions& options) {
+CpPlan plan_cp(const CpProblem& problem, const CostModel& model, const CpOptions& requested) {
   check_model(model);
+  CpOptions options = requested;  // the model's shortest paying segment bounds the cut as well
+  options.min_segment_chunks = std::max(options.min_segment_chunks, model.min_segment_chunks);
   CpPlan no_cp = no_cp_plan(problem, options);
   const double budget_us = (1.0 - options.min_relative_gain) * predict_time_us(no_cp, model);
 

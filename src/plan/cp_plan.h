@@ -43,7 +43,8 @@ struct CpProblem {
 };
 
 struct CpOptions {
-  int64_t min_segment_chunks = 4;     // no cut segment shorter than this
+  int64_t min_segment_chunks = 4;     // no cut segment shorter than this (plan_cp: nor than the
+                                      // cost model's min_segment_chunks)
   double min_relative_gain = 0.05;    // CP only when modelled time <= (1 - gain) * no-CP time
   int32_t assumed_m_heads = -1;       // v-heads assumed to need exact M; -1: all of them
   int64_t assumed_window_chunks = 8;  // decay window of the other heads
@@ -82,7 +83,8 @@ struct CpPlan {
 // The auto-CP decision and segmentation. Throws std::invalid_argument on a negative length,
 // num_v_heads < 1, num_sms < 1, min_segment_chunks < 1, min_relative_gain outside [0, 1),
 // assumed_m_heads outside [-1, num_v_heads], assumed_window_chunks < 0, or a cost model with a
-// negative coefficient or a CTA / slice count below 1 (also checked by predict_time_us).
+// negative coefficient or a CTA / slice / minimum segment count below 1 (also checked by
+// predict_time_us).
 CpPlan plan_cp(const CpProblem& problem, const CostModel& model = {},
                const CpOptions& options = {});
 

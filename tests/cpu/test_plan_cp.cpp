@@ -286,7 +286,8 @@ TEST(PlanCp, ChoosesTheFastestSplitOfASingleSequence) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Rng rng(seed);
   const CostModel model;
-  const CpOptions options;
+  CpOptions options;  // the splits the planner may choose: none shorter than the model's minimum
+  options.min_segment_chunks = model.min_segment_chunks;
   for (int trial = 0; trial < 40; ++trial) {
     const std::vector<int64_t> lengths{rng.integer(2048, 32768)};
     const CpProblem problem{lengths, static_cast<int32_t>(int64_t{1} << rng.integer(0, 2)), 132};
@@ -349,8 +350,34 @@ TEST(PlanCp, RejectsBadArguments) {
   model.heavy_ctas_per_sm = 0;
   EXPECT_THROW(plan_cp({good, 8, 132}, model), std::invalid_argument);
   model = {};
+  model.min_segment_chunks = 0;
+  EXPECT_THROW(plan_cp({good, 8, 132}, model), std::invalid_argument);
+  model = {};
   model.fused_chunk_us = -1.0;
   EXPECT_THROW(predict_time_us(no_cp_plan({good, 8, 132}), model), std::invalid_argument);
+}
+
+// The model's shortest segment bounds plan_cp's cut (options can only raise it): with the
+// correction free and the fused chunk dear, the planner cuts as finely as it is allowed.
+TEST(PlanCp, NeverCutsShorterThanTheModelsMinimumSegment) {
+  CostModel model;
+  model.fused_chunk_us = 10.0;
+  model.fused_item_us = model.state_item_us = model.correction_item_us = 0.0;
+  model.correction_step_us = model.correction_m_step_us = model.launch_us = 0.0;
+  model.gate_scan_chunk_us = 0.0;
+  const std::vector<int64_t> lengths{64 * 256};
+  for (const int64_t shortest : {4, 8, 16}) {  // at most 64 segments: one wave
+    model.min_segment_chunks = shortest;
+    for (const int64_t requested : {1, 4, 12}) {
+      CpOptions options;
+      options.min_segment_chunks = requested;
+      const CpPlan plan = plan_cp({lengths, 1, 132}, model, options);
+      ASSERT_TRUE(plan.enabled);
+      const int64_t bound = std::max(shortest, requested);
+      for (const Segment& segment : plan.segments) EXPECT_GE(segment.num_chunks(), bound);
+      EXPECT_LT(plan.segments.front().num_chunks(), 2 * bound) << "the finest cut allowed";
+    }
+  }
 }
 
 }  // namespace
