@@ -52,11 +52,10 @@ void check_model(const CostModel& model) {
         "cost model CTAs per SM, correction slices per head and min_segment_chunks must be >= 1");
 }
 
-// Segments of a sequence of `chunks` chunks for a target length of `segment_chunks`.
-int64_t split_count(int64_t chunks, int64_t segment_chunks, int64_t min_segment_chunks) {
-  if (chunks == 0) return 0;
-  const int64_t by_target = (chunks + segment_chunks - 1) / segment_chunks;
-  return std::max<int64_t>(1, std::min(by_target, chunks / min_segment_chunks));
+// Segments of a sequence of `chunks` chunks cut every `segment_chunks` chunks (the runtime's cut:
+// all of that length but the last, which holds the rest).
+int64_t split_count(int64_t chunks, int64_t segment_chunks) {
+  return (chunks + segment_chunks - 1) / segment_chunks;
 }
 
 CpPlan empty_plan(const CpProblem& problem, const CpOptions& options) {
@@ -140,15 +139,12 @@ class PipelineItems {
 // of the non-empty sequences, without building the segments. `no_cp` supplies the heads, SMs and
 // decay-window assumptions.
 double split_time_us(const std::vector<std::pair<int64_t, int64_t>>& chunk_histogram,
-                     int64_t segment_chunks, int64_t min_segment_chunks, const CostModel& model,
-                     const CpPlan& no_cp) {
+                     int64_t segment_chunks, const CostModel& model, const CpPlan& no_cp) {
   PipelineItems items(model, no_cp.num_v_heads, no_cp.assumed_m_heads, no_cp.assumed_window_chunks);
   for (const auto& [chunks, count] : chunk_histogram) {
-    const int64_t n = split_count(chunks, segment_chunks, min_segment_chunks);
-    const int64_t base = chunks / n, longer = chunks % n;  // the `longer` first ones: base + 1
-    items.add_segments(base + 1, true, longer * count);
-    items.add_segments(base, true, (n - longer - 1) * count);
-    items.add_segments(base, false, count);
+    const int64_t n = split_count(chunks, segment_chunks);
+    items.add_segments(segment_chunks, true, (n - 1) * count);
+    items.add_segments(chunks - (n - 1) * segment_chunks, false, count);
     items.add_split_sequences(n, count);
   }
   return items.time_us(no_cp.num_sms);
@@ -172,11 +168,10 @@ CpPlan split_plan(const CpProblem& problem, int64_t segment_chunks, const CpOpti
   for (int64_t i = 0; i < plan.num_sequences(); ++i) {
     const int64_t length = plan.sequence_lengths[i];
     const int64_t chunks = num_chunks_of(length);
-    const int64_t n = split_count(chunks, segment_chunks, options.min_segment_chunks);
-    const int64_t base = n ? chunks / n : 0, longer = n ? chunks % n : 0;
+    const int64_t n = split_count(chunks, segment_chunks);
     int64_t offset = 0;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t end = j + 1 == n ? length : offset + (base + (j < longer)) * kChunkSize;
+      const int64_t end = j + 1 == n ? length : offset + segment_chunks * kChunkSize;
       plan.segments.push_back(
           {static_cast<int32_t>(i), static_cast<int32_t>(j), offset, end - offset});
       offset = end;
@@ -243,17 +238,18 @@ CpPlan plan_cp(const CpProblem& problem, const CostModel& model, const CpOptions
     ++chunk_histogram.back().second;
   }
 
-  // Balanced splits of the longest sequence into n segments, up to 4 waves of its items alone.
+  // Cuts of the longest sequence into n segments (L = ceil(C_max / n), none shorter than the
+  // minimum segment), up to 4 waves of its items alone.
   const int64_t max_splits =
-      std::min(max_chunks / options.min_segment_chunks, 4 * heavy_slots / problem.num_v_heads + 1);
+      std::min((max_chunks + options.min_segment_chunks - 1) / options.min_segment_chunks,
+               4 * heavy_slots / problem.num_v_heads + 1);
   int64_t best_segment_chunks = 0;
   double best_us = budget_us;
   for (int64_t n = 2, previous = 0; n <= max_splits; ++n) {
-    const int64_t segment_chunks = (max_chunks + n - 1) / n;
+    const int64_t segment_chunks = std::max((max_chunks + n - 1) / n, options.min_segment_chunks);
     if (segment_chunks == previous) continue;
     previous = segment_chunks;
-    const double t =
-        split_time_us(chunk_histogram, segment_chunks, options.min_segment_chunks, model, no_cp);
+    const double t = split_time_us(chunk_histogram, segment_chunks, model, no_cp);
     if (t < best_us) {
       best_us = t;
       best_segment_chunks = segment_chunks;

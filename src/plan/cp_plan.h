@@ -6,16 +6,15 @@
 // runs all (segment, v-head) items in parallel. The cut costs an extra state pass, the scan and
 // three launches; it pays off when (sequences x v-heads) leave SMs idle and a sequence is long.
 //
-// Segmentation for a target length of L chunks: a sequence of C chunks gets
-// n = min(ceil(C / L), floor(C / min_segment_chunks)) segments (at least 1) of balanced sizes
-// floor(C / n) or floor(C / n) + 1 chunks, the longer ones first; segments are contiguous,
-// chunk-aligned, and the last ends at the sequence end (its last chunk may be partial). So a
-// sequence of at most L chunks stays whole, and no cut segment is shorter than
-// min_segment_chunks (which keeps the fused kernel's pipeline busy).
+// Segmentation for a target length of L chunks, the runtime's (the kernels locate segment j of a
+// sequence at chunk j L): a sequence of C chunks gets n = ceil(C / L) segments, all of L chunks
+// but the last, which holds the rest (C - (n - 1) L chunks, its last chunk possibly partial);
+// segments are contiguous and chunk-aligned. So a sequence of at most L chunks stays whole.
 //
-// Choice of L: the candidates are the balanced splits of the longest sequence into n = 2, 3, ...
-// segments (L = ceil(C_max / n)), up to the count whose segments fill 4 waves of the heavy kernels
-// on their own; each candidate's time comes from the cost model (cost_model.h) and the fastest is
+// Choice of L: the candidates are the cuts of the longest sequence into n = 2, 3, ... segments
+// (L = ceil(C_max / n), never below min_segment_chunks: shorter segments do not keep the fused
+// kernel's pipeline busy), up to the count whose segments fill 4 waves of the heavy kernels on
+// their own; each candidate's time comes from the cost model (cost_model.h) and the fastest is
 // kept. Under the one-wave model T = lambda_1 L + lambda_2 N / L this lands at L ~ sqrt(N); when
 // the segments of all heads exceed a wave it stops where the average-load bound takes over.
 // CP is turned on only when the modelled time is below (1 - min_relative_gain) times the modelled
@@ -43,8 +42,8 @@ struct CpProblem {
 };
 
 struct CpOptions {
-  int64_t min_segment_chunks = 4;     // no cut segment shorter than this (plan_cp: nor than the
-                                      // cost model's min_segment_chunks)
+  int64_t min_segment_chunks = 4;     // plan_cp: no target length L shorter than this, nor than
+                                      // the cost model's min_segment_chunks
   double min_relative_gain = 0.05;    // CP only when modelled time <= (1 - gain) * no-CP time
   int32_t assumed_m_heads = -1;       // v-heads assumed to need exact M; -1: all of them
   int64_t assumed_window_chunks = 8;  // decay window of the other heads
@@ -91,8 +90,8 @@ CpPlan plan_cp(const CpProblem& problem, const CostModel& model = {},
 // The plan without CP: every non-empty sequence is one segment.
 CpPlan no_cp_plan(const CpProblem& problem, const CpOptions& options = {});
 
-// The balanced segmentation for a target length of `segment_chunks` >= 1 chunks (header comment),
-// whatever the model says of it.
+// The segmentation for a target length of `segment_chunks` >= 1 chunks (header comment), whatever
+// the model says of it.
 CpPlan split_plan(const CpProblem& problem, int64_t segment_chunks, const CpOptions& options = {});
 
 // Modelled time of running the forward (or, with backward coefficients, the backward) with this

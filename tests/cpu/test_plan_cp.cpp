@@ -21,9 +21,10 @@ using flashgdn::testing::announced_seed;
 using flashgdn::testing::Rng;
 
 // Segments contiguous and chunk-aligned from offset 0 to the sequence end, indices in order,
-// empty sequences without segments, cut segments balanced (longer first, sizes within one chunk,
-// the last possibly partial) and no shorter than min_segment_chunks.
-void expect_valid_segmentation(const CpPlan& plan, const CpOptions& options = {}) {
+// empty sequences without segments, the runtime's cut: every segment of a cut sequence but the
+// last of the target length, the last holding the rest (1 .. L chunks, its last chunk possibly
+// partial); a sequence of at most L chunks whole.
+void expect_valid_segmentation(const CpPlan& plan) {
   ASSERT_EQ(static_cast<int64_t>(plan.first_segment.size()), plan.num_sequences() + 1);
   ASSERT_EQ(plan.first_segment.front(), 0);
   ASSERT_EQ(plan.first_segment.back(), static_cast<int64_t>(plan.segments.size()));
@@ -44,15 +45,9 @@ void expect_valid_segmentation(const CpPlan& plan, const CpOptions& options = {}
       ASSERT_EQ(s.offset % kChunkSize, 0);
       ASSERT_GE(s.tokens, 1);
       if (j + 1 < n) {
-        ASSERT_EQ(s.tokens % kChunkSize, 0);
-      }
-      if (n > 1) {
-        ASSERT_GE(s.num_chunks(), options.min_segment_chunks);
-      }
-      if (j > 0) {
-        const int64_t previous = plan.segments[plan.first_segment[i] + j - 1].num_chunks();
-        ASSERT_LE(s.num_chunks(), previous);
-        ASSERT_GE(s.num_chunks() + 1, previous);
+        ASSERT_EQ(s.tokens, plan.target_segment_chunks * kChunkSize);
+      } else if (n > 1) {
+        ASSERT_LE(s.num_chunks(), plan.target_segment_chunks);
       }
       begins.push_back(offset);
       offset += s.tokens;
@@ -237,14 +232,18 @@ TEST(PlanCp, SplitPlansAreChunkAlignedAndCoverEachSequence) {
     options.min_segment_chunks = rng.integer(1, 8);
     const CpProblem problem{lengths, static_cast<int32_t>(rng.integer(1, 64)), 132};
     const CpPlan split = split_plan(problem, rng.integer(1, 700), options);
-    expect_valid_segmentation(split, options);
+    expect_valid_segmentation(split);
     for (int64_t i = 0; i < split.num_sequences(); ++i) {
       if (split.enabled && num_chunks_of(lengths[i]) <= split.target_segment_chunks) {
         EXPECT_LE(split.num_segments_of(i), 1);
       }
     }
-    expect_valid_segmentation(plan_cp(problem, CostModel{}, options), options);
-    expect_valid_segmentation(no_cp_plan(problem, options), options);
+    const CpPlan planned = plan_cp(problem, CostModel{}, options);
+    expect_valid_segmentation(planned);
+    if (planned.enabled) {
+      EXPECT_GE(planned.target_segment_chunks, options.min_segment_chunks);
+    }
+    expect_valid_segmentation(no_cp_plan(problem, options));
   }
 }
 
@@ -273,7 +272,7 @@ TEST(PlanCp, NeverSlowerThanNoCpOverARandomSweep) {
         ++enabled;
         EXPECT_LT(cp_us, (1.0 - options.min_relative_gain) * no_cp_us);
       }
-      expect_valid_segmentation(plan, options);
+      expect_valid_segmentation(plan);
     }
   }
   std::printf("CP chosen in %d of %d sweep problems\n", enabled, trials);
@@ -286,8 +285,7 @@ TEST(PlanCp, ChoosesTheFastestSplitOfASingleSequence) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Rng rng(seed);
   const CostModel model;
-  CpOptions options;  // the splits the planner may choose: none shorter than the model's minimum
-  options.min_segment_chunks = model.min_segment_chunks;
+  const CpOptions options;
   for (int trial = 0; trial < 40; ++trial) {
     const std::vector<int64_t> lengths{rng.integer(2048, 32768)};
     const CpProblem problem{lengths, static_cast<int32_t>(int64_t{1} << rng.integer(0, 2)), 132};
@@ -296,7 +294,8 @@ TEST(PlanCp, ChoosesTheFastestSplitOfASingleSequence) {
     const double budget_us =
         (1.0 - options.min_relative_gain) * predict_time_us(no_cp_plan(problem), model);
     SCOPED_TRACE(::testing::Message() << lengths[0] << " tokens, Hv " << problem.num_v_heads);
-    for (int64_t l = 1; l <= num_chunks_of(lengths[0]); ++l) {
+    // every length the planner may choose: none shorter than the model's minimum segment
+    for (int64_t l = model.min_segment_chunks; l <= num_chunks_of(lengths[0]); ++l) {
       const double split_us = predict_time_us(split_plan(problem, l, options), model);
       if (plan.enabled) {
         EXPECT_LE(chosen_us, split_us) << "segment length " << l;
@@ -357,8 +356,8 @@ TEST(PlanCp, RejectsBadArguments) {
   EXPECT_THROW(predict_time_us(no_cp_plan({good, 8, 132}), model), std::invalid_argument);
 }
 
-// The model's shortest segment bounds plan_cp's cut (options can only raise it): with the
-// correction free and the fused chunk dear, the planner cuts as finely as it is allowed.
+// The model's shortest segment bounds plan_cp's target length (options can only raise it): with
+// the correction free and the fused chunk dear, the planner cuts as finely as it is allowed.
 TEST(PlanCp, NeverCutsShorterThanTheModelsMinimumSegment) {
   CostModel model;
   model.fused_chunk_us = 10.0;
@@ -374,8 +373,8 @@ TEST(PlanCp, NeverCutsShorterThanTheModelsMinimumSegment) {
       const CpPlan plan = plan_cp({lengths, 1, 132}, model, options);
       ASSERT_TRUE(plan.enabled);
       const int64_t bound = std::max(shortest, requested);
-      for (const Segment& segment : plan.segments) EXPECT_GE(segment.num_chunks(), bound);
-      EXPECT_LT(plan.segments.front().num_chunks(), 2 * bound) << "the finest cut allowed";
+      EXPECT_GE(plan.target_segment_chunks, bound);
+      EXPECT_LT(plan.target_segment_chunks, 2 * bound) << "the finest cut allowed";
     }
   }
 }
