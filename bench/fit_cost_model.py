@@ -17,8 +17,9 @@ correction_step_us, gate_scan_chunk_us (the decay-window scan walks a whole segm
 without a window) and launch_us (the correction's per-item constant folds into it). The loss is the squared error of each point relative to its configuration's no-CP time (every
 shape weighs alike), minimised by Nelder-Mead over nonnegative coefficients from the current ones.
 Because the model's makespans are exact wave counts, the fit sees where a cut spills into a second
-wave. min_segment_chunks, the shortest segment the planner cuts, is the shortest length that was
-clearly (5%) the best for some configuration of the scan. The record gives, per configuration, the length the fitted planner picks and its measured
+wave. min_segment_chunks, the shortest target length the planner considers, is chosen of 4, 8, 16
+by the planner's choices on the scan: never slower than no CP first, closest to the best cut
+second. The record gives, per configuration, the length the fitted planner picks and its measured
 time against the best measured one.
 
 --direction bwd fits CostModel::backward() to the backward's split scan the same way.
@@ -135,17 +136,21 @@ def current_coefficients(direction):
     return start
 
 
-def shortest_paying_segment(scan, margin=0.05):
-    """The shortest segment length that was clearly the best somewhere in the scan (at least `margin`
-    faster than every other length and than no CP): the planner cuts no shorter
-    (CostModel::min_segment_chunks). 4 when no length is clearly best anywhere."""
-    paying = []
-    for times in scan.values():
-        measured = {L: t for L, t in times.items() if L >= 0}
-        best = min(measured, key=measured.get)
-        if best > 0 and all(t >= (1 + margin) * measured[best] for L, t in measured.items() if L != best):
-            paying.append(best)
-    return min(paying, default=4)
+def shortest_segment(scan, planner, coefficients, candidates=(4, 8, 16)):
+    """CostModel::min_segment_chunks: of the candidates, the one whose planner choices on the scan
+    are never slower than no CP by the smallest margin (the worst measured t(chosen) / t(off), at
+    least 1), then the closest to the best measured cut (geometric mean of t(chosen) / t(best));
+    configurations whose chosen length the scan did not time are left out."""
+    def score(shortest):
+        worst_over_off, log_over_best, n = 1.0, 0.0, 0
+        for c in choices(scan, planner, {**coefficients, "min_segment_chunks": shortest}):
+            if c["planner_us"] is None:
+                continue
+            worst_over_off = max(worst_over_off, c["planner_us"] / scan[tuple(c["config"])][0])
+            log_over_best += math.log(c["planner_us"] / c["best_us"])
+            n += 1
+        return round(worst_over_off, 3), log_over_best / max(n, 1)
+    return min(candidates, key=score)
 
 
 def fit(scan, planner, start):
@@ -197,7 +202,7 @@ def main():
     planner = Planner(args.predictor, args.direction)
     start = current_coefficients(args.direction)
     coefficients, rms, rms_start = fit(scan, planner, start)
-    coefficients["min_segment_chunks"] = shortest_paying_segment(scan)
+    coefficients["min_segment_chunks"] = shortest_segment(scan, planner, coefficients)
     record = {"direction": args.direction, "commit": commit, "splits": splits.name, "fit": coefficients,
               "rms_relative_error": rms, "rms_relative_error_before": rms_start, "start": start,
               "choices": choices(scan, planner, coefficients)}

@@ -18,11 +18,12 @@
 // The kernel that inverts the per-chunk triangular systems runs before either path and is fully
 // parallel over chunks, so it costs the same with and without CP and is left out.
 //
-// Makespan of a set of items on P slots: the larger of two lower bounds that hold for every
-// schedule — the average load (total / P) and the wave bound (m + 1) * p_{mP+1} (with the items
-// sorted by decreasing cost p_1 >= p_2 >= ..., the largest mP + 1 of them put m + 1 on some slot).
-// It is exact for equal items (ceil(n / P) waves), the common case of equal segments, and it
-// includes the longest item (m = 0).
+// Makespan of a set of items on P slots: the larger of the average load (total / P) and the wave
+// sum p_1 + p_{P+1} + p_{2P+1} + ... (items sorted by decreasing cost p_1 >= p_2 >= ...; wave w
+// holds items wP+1 .. (w+1)P and starts when the previous one ends). It is exact for equal items
+// (ceil(n / P) waves), and it charges a wave for a short tail that spills past a full one: the
+// runtime's cut leaves each sequence's last segment shorter, and 16 x 16 segments of 31 chunks
+// plus 16 of 16 take three waves on 132 SMs, 78 chunks, where 16 x 16 of 32 take two, 64.
 //
 // One wave of the seed's model: a sequence of N chunks cut into N / L segments of L chunks costs
 // about lambda_1 * L (the parallel state pass and fused kernel, per-chunk costs) plus
@@ -31,7 +32,7 @@
 // the average-load bound takes over and further splitting only adds correction steps.
 //
 // The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
-// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_60f046a.json): the
+// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_1150a64.json): the
 // planner's own predict_time_us, through bench/cp_plan_predict, is matched to the measured change
 // t(L) - t(no CP) of whole calls cut at L = 4 .. 128 chunks on the tables' low-parallelism shapes
 // (the split scan of bench/cp_sweep.py), relative error minimised. The planner assumes every head
@@ -47,21 +48,21 @@ namespace flashgdn::plan {
 
 struct CostModel {
   // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
-  double fused_chunk_us = 2.534;  // per chunk
-  double fused_item_us = 0.189;     // per item: entering-state load, final-state store
+  double fused_chunk_us = 2.477;  // per chunk
+  double fused_item_us = 0.873;     // per item: entering-state load, final-state store
   // State-only pass (S*, and M where a head needs it), per (segment, v-head).
-  double state_chunk_us = 1.838;  // per chunk, S* alone
+  double state_chunk_us = 1.973;  // per chunk, S* alone
   double state_m_chunk_us = 0.000;   // extra per chunk when M is formed as well
-  double state_item_us = 20.463;      // per item: S* (and M) store
+  double state_item_us = 19.930;      // per item: S* (and M) store
   // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
-  double correction_step_us = 3.609;     // per segment boundary: read S*_j
+  double correction_step_us = 3.524;     // per segment boundary: read S*_j
   double correction_m_step_us = 0.000;  // extra per boundary when M_j is applied
   double correction_item_us = 0.000;
   int32_t correction_slices_per_head = 4;  // V columns split across CTAs
   // Gate scan that finds the decay windows, per segment (all heads in one CTA).
-  double gate_scan_chunk_us = 0.184;
+  double gate_scan_chunk_us = 0.000;
   // Every kernel launch.
-  double launch_us = 3.271;
+  double launch_us = 3.518;
   // The shortest segment the planner cuts (plan_cp; CpOptions can only raise it): the shortest
   // length that was clearly the best somewhere in the split scan (bench/fit_cost_model.py).
   int64_t min_segment_chunks = 8;
