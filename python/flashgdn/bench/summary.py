@@ -19,6 +19,7 @@ import math
 import os
 import pathlib
 import re
+import subprocess
 import sys
 
 from .results import ANCHOR_LABELS, ANCHORS, read_csv, to_float
@@ -76,6 +77,24 @@ def _file_key(path: pathlib.Path):
     return (m.group(1), m.group(3), bool(m.group(4))) if m else ("", path.stem, False)
 
 
+def _commit_order(folders) -> dict[str, int]:
+    """Abbreviated commit -> its rank in the history of the repository holding `folders` (larger:
+    newer); empty where git or the repository is missing."""
+    folder = next(iter(folders), None)
+    if folder is None:
+        return {}
+    try:
+        log = subprocess.run(["git", "-C", str(folder), "log", "--format=%H"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    order = {}
+    for rank, full in enumerate(reversed(log)):
+        for n in range(7, 13):
+            order[full[:n]] = rank
+    return order
+
+
 def latest(paths: list[pathlib.Path], explicit: bool = False) -> dict[str, tuple[list[dict], list[pathlib.Path]]]:
     """direction -> (rows, files) of its latest record. With explicit files, all of them are merged."""
     per_file = {p: read_csv(p) for p in paths}
@@ -92,8 +111,11 @@ def latest(paths: list[pathlib.Path], explicit: bool = False) -> dict[str, tuple
                            for r in per_file[p] if r.get("direction") == direction
                            for n in (LIVE_COLUMNS if live_only else ("",)) if not live_only or r.get(n))
             # the latest day; on that day the fullest record, then the one with the most live anchor
-            # times, then the newest file
-            newest = lambda key: max(p.stat().st_mtime for p in files if _file_key(p)[:2] == key)
+            # times, then the newest commit (git history; file times where git does not know it:
+            # a clean clone's files all carry the checkout time)
+            order = _commit_order(p.parent for p in files)
+            newest = lambda key: (order.get(key[1], -1),
+                                  max(p.stat().st_mtime for p in files if _file_key(p)[:2] == key))
             key = max({_file_key(p)[:2] for p in files},
                       key=lambda k: (k[0], rows(k), rows(k, live_only=True), newest(k)))
             files = sorted((p for p in files if _file_key(p)[:2] == key), key=lambda p: (p.stat().st_mtime, p.name))
