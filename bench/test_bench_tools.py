@@ -13,6 +13,7 @@ import math
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -256,6 +257,30 @@ class Summary(unittest.TestCase):
             fresh = tmp / "new" / "README.md"
             summary.write_readme(fresh, block)
             self.assertIn(summary.END, fresh.read_text())
+
+    def test_same_day_ties_go_to_the_newest_commit(self):
+        """Two full records of one day with the same live anchors: the later commit in git history
+        wins, whatever the file times (a clean clone gives every file the checkout time)."""
+        if shutil.which("git") is None:
+            self.skipTest("git not installed")
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            git = lambda *args: subprocess.run(["git", "-C", str(tmp), *args], check=True, capture_output=True,
+                                               text=True).stdout.strip()
+            git("init", "-q")
+            commits = []
+            for message in ("first", "second"):
+                git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", message)
+                commits.append(git("rev-parse", "--short=7", "HEAD"))
+            paths = []
+            for commit in commits:
+                path = tmp / f"2026-12-02_forward_{commit}.csv"
+                with results.CsvWriter(path) as w:
+                    w.write(sample_row(seqlens=commit))
+                paths.append(path)
+            os.utime(paths[1], (1.0e9, 1.0e9))  # the newer commit's file is the older file
+            picked = summary.latest(paths)
+            self.assertEqual([r["seqlens"] for r in picked["fwd"][0]], [commits[1]])
 
     def test_main_on_the_repository_records(self):
         if not (RESULTS / "2026-11-29_forward_5f5b6be.csv").is_file():
