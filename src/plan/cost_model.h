@@ -21,9 +21,9 @@
 // Makespan of a set of items on P slots: the larger of the average load (total / P) and the wave
 // sum p_1 + p_{P+1} + p_{2P+1} + ... (items sorted by decreasing cost p_1 >= p_2 >= ...; wave w
 // holds items wP+1 .. (w+1)P and starts when the previous one ends). It is exact for equal items
-// (ceil(n / P) waves), and it charges a wave for a short tail that spills past a full one: the
-// runtime's cut leaves each sequence's last segment shorter, and 16 x 16 segments of 31 chunks
-// plus 16 of 16 take three waves on 132 SMs, 78 chunks, where 16 x 16 of 32 take two, 64.
+// (ceil(n / P) waves), and it charges a wave for short items that spill past full ones: 16 x 16
+// items of 31 chunks plus 16 of 16 take three waves on 132 SMs, 78 chunks, where 16 x 16 of 32
+// take two, 64 (sequences of different lengths cut at one L give such mixes).
 //
 // One wave of the seed's model: a sequence of N chunks cut into N / L segments of L chunks costs
 // about lambda_1 * L (the parallel state pass and fused kernel, per-chunk costs) plus
