@@ -125,14 +125,30 @@ def nelder_mead(f, x0, steps, iterations=600):
     return simplex[i], values[i]
 
 
+def model_source(direction):
+    """(file, declaration prefix of a floating coefficient, of an integer one, record tag) of the
+    direction's coefficients: the forward's are CostModel's defaults in cost_model.h
+    (`double name = value;`), the backward's CostModel::backward() in cost_model.cpp
+    (`model.name = value;`)."""
+    if direction == "fwd":
+        return ROOT / "src" / "plan" / "cost_model.h", "double ", "int64_t ", "cost_model"
+    return ROOT / "src" / "plan" / "cost_model.cpp", r"model\.", r"model\.", "cost_model_bwd"
+
+
+def declared(name, value, direction):
+    """The regex prefix that declares coefficient `name` (an int: min_segment_chunks)."""
+    _, floating, integer, _ = model_source(direction)
+    return integer if isinstance(value, int) else floating
+
+
 def current_coefficients(direction):
     """The coefficients now in the sources (the fit's starting point)."""
-    source = ROOT / "src" / "plan" / ("cost_model.h" if direction == "fwd" else "cost_model.cpp")
-    prefix = r"double " if direction == "fwd" else r"model\."
-    text = source.read_text()
-    start = {name: float(re.search(rf"{prefix}{name} = ([-0-9.e]+);", text).group(1)) for name in FITTED + FIXED_ZERO}
-    start["min_segment_chunks"] = int(re.search(rf"{prefix.replace('double ', 'int64_t ')}min_segment_chunks = (\d+);",
-                                                text).group(1))
+    text = model_source(direction)[0].read_text()
+
+    def read(name, kind):
+        return kind(re.search(rf"{declared(name, kind(0), direction)}{name} = ([-0-9.e]+);", text).group(1))
+    start = {name: read(name, float) for name in FITTED + FIXED_ZERO}
+    start["min_segment_chunks"] = read("min_segment_chunks", int)
     return start
 
 
@@ -155,13 +171,13 @@ def shortest_segment(scan, planner, coefficients, candidates=(4, 8, 16)):
 
 def fit(scan, planner, start):
     points = points_of(scan)
-    fixed = {name: 0.0 for name in FIXED_ZERO}
+    # min_segment_chunks does not enter the forced cuts' times: chosen from the scan afterwards
+    fixed = {**{name: 0.0 for name in FIXED_ZERO}, "min_segment_chunks": start["min_segment_chunks"]}
 
     def coefficients_of(x):
         return {**{name: abs(v) for name, v in zip(FITTED, x)}, **fixed}
 
     x0 = [start[name] for name in FITTED]
-    fixed["min_segment_chunks"] = start["min_segment_chunks"]  # chosen from the scan afterwards
     steps = [max(0.3 * abs(v), 1.0) for v in x0]
     x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x0, steps)
     for _ in range(2):  # restarts from the optimum: Nelder-Mead can stall on the makespans' kinks
@@ -206,8 +222,7 @@ def main():
     record = {"direction": args.direction, "commit": commit, "splits": splits.name, "fit": coefficients,
               "rms_relative_error": rms, "rms_relative_error_before": rms_start, "start": start,
               "choices": choices(scan, planner, coefficients)}
-    tag = "cost_model" if args.direction == "fwd" else "cost_model_bwd"
-    out = pathlib.Path(args.out) / f"{datetime.date.today()}_{tag}_{commit}.json"
+    out = pathlib.Path(args.out) / f"{datetime.date.today()}_{model_source(args.direction)[3]}_{commit}.json"
     out.write_text(json.dumps(record, indent=1))
     for c in record["choices"]:
         measured = "not scanned" if c["planner_us"] is None else f"{c['planner_us'] / c['best_us']:.3f} of best"
@@ -226,14 +241,11 @@ def write_sources(coefficients, record_name, direction):
     """The fitted coefficients into the source that holds them (forward: `double name = value;`, the
     defaults in cost_model.h; backward: `model.name = value;` in CostModel::backward()), and the
     record named beside them."""
-    source = ROOT / "src" / "plan" / ("cost_model.h" if direction == "fwd" else "cost_model.cpp")
-    prefix = "double " if direction == "fwd" else "model\\."
-    tag = "cost_model" if direction == "fwd" else "cost_model_bwd"
+    source, _, _, tag = model_source(direction)
     text = source.read_text()
     for name, value in coefficients.items():
-        declared = prefix.replace("double ", "int64_t ") if isinstance(value, int) else prefix
         formatted = f"{value:.3f}" if isinstance(value, float) else str(value)
-        text, count = re.subn(rf"({declared}{name} = )[-0-9.e]+;", rf"\g<1>{formatted};", text)
+        text, count = re.subn(rf"({declared(name, value, direction)}{name} = )[-0-9.e]+;", rf"\g<1>{formatted};", text)
         if count != 1:
             raise SystemExit(f"{source}: expected one value of {name}, found {count}")
     text, count = re.subn(rf"bench/results/[0-9-]+_{tag}_\w+\.json", f"bench/results/{record_name}", text)

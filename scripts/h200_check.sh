@@ -6,7 +6,7 @@
 #     bwd: tests + the full backward table; tests: tests only; cp: tests + the cost-model fits written
 #     into src/plan/ (bench/fit_cost_model.py: each direction's split scan, then the fit; the records
 #     copied to $OUT), a rebuild and ctest with them, the auto-CP sweep (full;
-#     CP_SWEEP_ARGS=--quick for the quick one) and the backward CP sweep; ab: tests + the A/B
+#     CP_SWEEP_ARGS=--quick for the quick one); ab: tests + the A/B
 #     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
 #     $BENCH_ARGS: one CSV, plots and log); timeline: a FLASHGDN_TIMELINE build in build-timeline and
@@ -23,8 +23,9 @@
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
-#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run, default "fwd bwd"; "splits": the forward's
-#   auto against forced segment lengths, bench/cp_sweep.py --splits), TIMELINE=1 (every
+#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
+#   full auto/off sweep; "splits" / "bwd": the forward's / backward's split scans again, which the
+#   fits have just timed: their logs give the refit planner's choice against the best cut), TIMELINE=1 (every
 #   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call)
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
@@ -165,7 +166,7 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --direction "$direction" --write-header \
       >"$OUT/fit_$direction.log" 2>&1
     note "cost-model fit ($direction) rc=$?"
-    tail -n 13 "$OUT/fit_$direction.log"
+    grep -vE "\(1\.000 of best\)" "$OUT/fit_$direction.log" | tail -n 30  # choices off the best cut, coefficients
   done
   cp bench/results/*cost_model*"${FLASHGDN_COMMIT:-}"*.json bench/results/*cp_sweep_*_splits_"${FLASHGDN_COMMIT:-}"*.csv \
     src/plan/cost_model.h src/plan/cost_model.cpp "$OUT"/ 2>/dev/null
@@ -202,17 +203,17 @@ fi
 
 if [ "$MODE" = cp ]; then
   kernel_times "1x32768 2 8 cp"
-  if [[ " ${CP_SWEEPS-fwd bwd} " == *" fwd "* ]]; then
+  if [[ " ${CP_SWEEPS-fwd} " == *" fwd "* ]]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py ${CP_SWEEP_ARGS:-} --out "$OUT" >"$OUT/sweep.log" 2>&1
     note "cp sweep rc=$?: $(tail -1 "$OUT/sweep.log")"
     grep -E "ratio 1\.0[3-9]|ratio 1\.[1-9]" "$OUT/sweep.log" | head -10
   fi
-  if [[ " ${CP_SWEEPS-fwd bwd} " == *" splits "* ]]; then
+  if [[ " ${CP_SWEEPS-fwd} " == *" splits "* ]]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --splits --out "$OUT" >"$OUT/sweep_splits.log" 2>&1
     note "forward split scan rc=$?: $(tail -1 "$OUT/sweep_splits.log")"
     grep "^fwd" "$OUT/sweep_splits.log"
   fi
-  if [[ " ${CP_SWEEPS-fwd bwd} " == *" bwd "* ]]; then
+  if [[ " ${CP_SWEEPS-fwd} " == *" bwd "* ]]; then
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/cp_sweep.py --direction bwd --out "$OUT" >"$OUT/sweep_bwd.log" 2>&1
     note "backward cp sweep rc=$?"
     grep "^bwd" "$OUT/sweep_bwd.log"

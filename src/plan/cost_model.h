@@ -63,8 +63,8 @@ struct CostModel {
   double gate_scan_chunk_us = 0.000;
   // Every kernel launch.
   double launch_us = 3.518;
-  // The shortest segment the planner cuts (plan_cp; CpOptions can only raise it): the shortest
-  // length that was clearly the best somewhere in the split scan (bench/fit_cost_model.py).
+  // The shortest target length plan_cp considers (CpOptions can only raise it): chosen by
+  // bench/fit_cost_model.py from the planner's choices on the split scan.
   int64_t min_segment_chunks = 8;
   // Concurrent CTAs per SM of the heavy kernels (fused, state pass) and of the light ones (gate
   // scan, correction).

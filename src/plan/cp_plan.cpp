@@ -52,12 +52,6 @@ void check_model(const CostModel& model) {
         "cost model CTAs per SM, correction slices per head and min_segment_chunks must be >= 1");
 }
 
-// Segments of a sequence of `chunks` chunks for a target length of `segment_chunks` (the runtime's
-// count; their sizes are balanced).
-int64_t split_count(int64_t chunks, int64_t segment_chunks) {
-  return (chunks + segment_chunks - 1) / segment_chunks;
-}
-
 CpPlan empty_plan(const CpProblem& problem, const CpOptions& options) {
   CpPlan plan;
   plan.num_v_heads = problem.num_v_heads;
@@ -142,7 +136,7 @@ double split_time_us(const std::vector<std::pair<int64_t, int64_t>>& chunk_histo
                      int64_t segment_chunks, const CostModel& model, const CpPlan& no_cp) {
   PipelineItems items(model, no_cp.num_v_heads, no_cp.assumed_m_heads, no_cp.assumed_window_chunks);
   for (const auto& [chunks, count] : chunk_histogram) {
-    const int64_t n = split_count(chunks, segment_chunks);
+    const int64_t n = num_segments_of(chunks, segment_chunks);
     const int64_t base = chunks / n, longer = chunks % n;  // the `longer` first ones: base + 1
     items.add_segments(base + 1, true, longer * count);
     items.add_segments(base, true, (n - longer - 1) * count);
@@ -170,7 +164,7 @@ CpPlan split_plan(const CpProblem& problem, int64_t segment_chunks, const CpOpti
   for (int64_t i = 0; i < plan.num_sequences(); ++i) {
     const int64_t length = plan.sequence_lengths[i];
     const int64_t chunks = num_chunks_of(length);
-    const int64_t n = split_count(chunks, segment_chunks);
+    const int64_t n = num_segments_of(chunks, segment_chunks);
     const int64_t base = n ? chunks / n : 0, longer = n ? chunks % n : 0;
     int64_t offset = 0;
     for (int64_t j = 0; j < n; ++j) {

@@ -88,6 +88,12 @@ struct CpPlan {
 CpPlan plan_cp(const CpProblem& problem, const CostModel& model = {},
                const CpOptions& options = {});
 
+// Segments of a sequence of `chunks` chunks for a target length of `segment_chunks` >= 1: the
+// runtime's cut, ceil(chunks / segment_chunks) (header comment).
+inline constexpr int64_t num_segments_of(int64_t chunks, int64_t segment_chunks) {
+  return (chunks + segment_chunks - 1) / segment_chunks;
+}
+
 // The plan without CP: every non-empty sequence is one segment.
 CpPlan no_cp_plan(const CpProblem& problem, const CpOptions& options = {});
 

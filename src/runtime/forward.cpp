@@ -45,7 +45,22 @@ int32_t num_sms() {
   return sms;
 }
 
-int64_t chunks_of(int64_t tokens) { return (tokens + 63) / 64; }
+// Chunks of the longest sequence (of the padded length without host lengths).
+int64_t longest_chunks(const Inputs& in, const std::optional<std::vector<int64_t>>& lengths) {
+  if (!lengths) return plan::num_chunks_of(in.shape.seqlen);
+  int64_t longest = 0;
+  for (int64_t length : *lengths) longest = std::max(longest, plan::num_chunks_of(length));
+  return longest;
+}
+
+// Segments of all sequences cut at `segment_chunks`: exact with host lengths, else a bound
+// (sum_n ceil(C_n / L) <= (sum_n C_n) / L + N, sum_n C_n <= T / 64 + N).
+int64_t segment_count(const Inputs& in, const std::optional<std::vector<int64_t>>& lengths, int64_t segment_chunks) {
+  if (!lengths) return (in.shape.seqlen / 64 + in.num_sequences()) / segment_chunks + in.num_sequences() + 1;
+  int64_t segments = 0;
+  for (int64_t length : *lengths) segments += plan::num_segments_of(plan::num_chunks_of(length), segment_chunks);
+  return segments;
+}
 
 }  // namespace
 
@@ -61,23 +76,16 @@ CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
     }
     if (segment_chunks == 0) {
       if (options.mode == ContextParallel::kAuto) return {};
-      int64_t longest = lengths ? 0 : chunks_of(in.shape.seqlen);  // forced on: 4 segments of the longest
-      if (lengths)
-        for (int64_t length : *lengths) longest = std::max(longest, chunks_of(length));
-      segment_chunks = std::max<int64_t>(1, (longest + 3) / 4);
+      // forced on: 4 segments of the longest
+      segment_chunks = std::max<int64_t>(1, (longest_chunks(in, lengths) + 3) / 4);
     }
   }
   CpDecision cp;
   cp.segment_chunks = segment_chunks;
-  const int64_t num_seqs = in.num_sequences();
-  if (lengths) {
-    for (int64_t length : *lengths) cp.max_segments += (chunks_of(length) + segment_chunks - 1) / segment_chunks;
-    cp.enabled = cp.max_segments > static_cast<int64_t>(std::count_if(lengths->begin(), lengths->end(),
-                                                                      [](int64_t l) { return l > 0; }));
-  } else {  // sum_n ceil(C_n / L) <= (sum_n C_n) / L + N, sum_n C_n <= T / 64 + N
-    cp.max_segments = (in.shape.seqlen / 64 + num_seqs) / segment_chunks + num_seqs + 1;
-    cp.enabled = true;
-  }
+  cp.max_segments = segment_count(in, lengths, segment_chunks);
+  // without host lengths the count is a bound: CP stays on
+  cp.enabled = !lengths || cp.max_segments > static_cast<int64_t>(std::count_if(
+                                                  lengths->begin(), lengths->end(), [](int64_t l) { return l > 0; }));
   if (!cp.enabled) return {};
   return cp;
 }
@@ -88,17 +96,9 @@ CpDecision decide_shard_cp(const Inputs& in, const plan::CostModel& model) {
   CpDecision cp = decide_cp(planned, model);
   if (cp.enabled) return cp;
   const auto lengths = host_lengths(in);
-  int64_t longest = lengths ? 0 : chunks_of(in.shape.seqlen);
-  if (lengths)
-    for (int64_t length : *lengths) longest = std::max(longest, chunks_of(length));
   cp.enabled = true;
-  cp.segment_chunks = std::max<int64_t>(1, longest);
-  cp.max_segments = 0;
-  if (lengths) {
-    for (int64_t length : *lengths) cp.max_segments += (chunks_of(length) + cp.segment_chunks - 1) / cp.segment_chunks;
-  } else {  // the bound of decide_cp
-    cp.max_segments = (in.shape.seqlen / 64 + in.num_sequences()) / cp.segment_chunks + in.num_sequences() + 1;
-  }
+  cp.segment_chunks = std::max<int64_t>(1, longest_chunks(in, lengths));
+  cp.max_segments = segment_count(in, lengths, cp.segment_chunks);
   return cp;
 }
 
