@@ -8,7 +8,8 @@
 //     state_m_chunk_us, state_item_us, correction_step_us, correction_m_step_us,
 //     correction_item_us, gate_scan_chunk_us, launch_us, and the integer min_segment_chunks)
 //   stdin:  one line per plan: sequences v_heads tokens_per_sequence segment_chunks
-//           (segment_chunks 0: no CP; -1: the planner's choice; L > 0: split_plan(L))
+//           (segment_chunks 0: no CP; -1: the planner's choice; L > 0: split_plan(L));
+//           tokens_per_sequence may list every sequence's length, '+'-separated (28672+4096)
 //   stdout: one line per plan: modelled_us target_segment_chunks (0: no CP)
 #include <cstdio>
 #include <cstdlib>
@@ -69,10 +70,22 @@ int main(int argc, char** argv) {
     }
     *value = std::strtod(eq + 1, nullptr);
   }
-  long long sequences, tokens, segment_chunks;
+  long long sequences, segment_chunks;
   int heads;
-  while (std::scanf("%lld %d %lld %lld", &sequences, &heads, &tokens, &segment_chunks) == 4) {
-    const std::vector<int64_t> lengths(static_cast<size_t>(sequences), tokens);
+  char tokens[4096];
+  while (std::scanf("%lld %d %4095s %lld", &sequences, &heads, tokens, &segment_chunks) == 4) {
+    std::vector<int64_t> lengths;
+    for (const char* field = tokens; *field != '\0';) {
+      char* end = nullptr;
+      lengths.push_back(std::strtoll(field, &end, 10));
+      field = *end == '+' ? end + 1 : end;
+      if (end == field && *end != '\0') break;
+    }
+    if (lengths.size() == 1) lengths.assign(static_cast<size_t>(sequences), lengths.front());
+    if (static_cast<long long>(lengths.size()) != sequences) {
+      std::fprintf(stderr, "cp_plan_predict: %lld sequences but the lengths '%s'\n", sequences, tokens);
+      return 2;
+    }
     const plan::CpProblem problem{lengths, heads};
     try {
       const plan::CpPlan chosen = segment_chunks == 0  ? plan::no_cp_plan(problem)

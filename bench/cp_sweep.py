@@ -43,15 +43,16 @@ MAX_TOKENS_HEADS = 131072 * 32  # memory / time cap per configuration
 
 
 def sweep_inputs(n, length, hv):
-    """n sequences of `length` tokens packed in one batch row, "mixed" gates: (q, k, v, g, beta), the
-    device cu_seqlens and its host copy."""
-    T = n * length
+    """n sequences of `length` tokens (or of the lengths in a tuple of n) packed in one batch row,
+    "mixed" gates: (q, k, v, g, beta), the device cu_seqlens and its host copy."""
+    lengths = list(length) if isinstance(length, tuple) else [length] * n
+    T = sum(lengths)
     q = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
     k = torch.nn.functional.normalize(torch.randn(1, T, hv, 128, device="cuda"), dim=-1).bfloat16()
     v = torch.randn(1, T, hv, 128, device="cuda").bfloat16()
     g = make_gates("mixed", 1, T, hv, "cuda")
     beta = torch.sigmoid(torch.randn(1, T, hv, device="cuda"))
-    cu_cpu = torch.arange(0, T + 1, length, dtype=torch.int64)
+    cu_cpu = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
     return (q, k, v, g, beta), cu_cpu.to(device="cuda", dtype=torch.int32), cu_cpu
 
 
@@ -80,11 +81,21 @@ def backward_timed(x, mode, segment_chunks, cu, cu_cpu):
 # tables' 1 x 2k-32k rows at Hv 8, 16, 32, the 4096-token rows where the decision is closest, four
 # sequences of 8k at Hv 8, and one of 8k at Hv 64, where CP should stay off. The forward's scan adds
 # the corners of the sweep's grid (1-2 heads, several short sequences, 128k), which its cost-model
-# fit needs to keep auto within noise of off there.
+# fit needs to keep auto within noise of off there, and the table's rows of 24-48 v-heads where CP
+# fills more than one wave (one 32k sequence; two of mixed lengths, a tuple of lengths: the
+# planner's balanced segments and waves at unequal lengths).
 SPLIT_CONFIGS = ([(1, length, hv) for hv in (8, 16, 32) for length in (2048, 4096, 8192, 32768)]
                  + [(2, 4096, 16), (4, 8192, 8), (1, 8192, 64)])
 FORWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(1, 2048, 1), (8, 2048, 2), (4, 2048, 4), (2, 2048, 8), (2, 8192, 1),
-                                         (4, 8192, 4), (2, 32768, 2), (4, 32768, 4), (1, 131072, 4), (4, 131072, 2)]
+                                         (4, 8192, 4), (2, 32768, 2), (4, 32768, 4), (1, 131072, 4), (4, 131072, 2),
+                                         (1, 32768, 24), (1, 32768, 48), (2, (28672, 4096), 48),
+                                         (2, (24576, 8192), 16), (2, (6144, 2048), 24), (2, (28672, 4096), 8)]
+
+
+def lengths_label(length):
+    """The tokens_per_seq column: one length, or a mixed configuration's lengths joined by '+'
+    (bench/cp_plan_predict reads both)."""
+    return "+".join(map(str, length)) if isinstance(length, tuple) else str(length)
 
 
 def split_sweep(direction, out_dir):
@@ -103,20 +114,21 @@ def split_sweep(direction, out_dir):
         writer.writerow(["sequences", "h_v", "tokens_per_seq", "segment_chunks", "ms", "over_off"])
         for n, length, hv in configs:
             x, cu, cu_cpu = sweep_inputs(n, length, hv)
+            label, longest = lengths_label(length), max(length) if isinstance(length, tuple) else length
             t_off = timed_call(x, OFF, 0, cu, cu_cpu)
-            writer.writerow([n, hv, length, 0, f"{t_off:.4f}", "1.000"])
+            writer.writerow([n, hv, label, 0, f"{t_off:.4f}", "1.000"])
             best = (t_off, 0)
             for L in (4, 8, 16, 32, 64, 128, 256):
-                if L >= length // 64:
+                if L >= longest // 64:
                     continue
                 t = timed_call(x, ON, L, cu, cu_cpu)
-                writer.writerow([n, hv, length, L, f"{t:.4f}", f"{t / t_off:.3f}"])
+                writer.writerow([n, hv, label, L, f"{t:.4f}", f"{t / t_off:.3f}"])
                 best = min(best, (t, L))
             t_auto = timed_call(x, AUTO, 0, cu, cu_cpu)
-            writer.writerow([n, hv, length, -1, f"{t_auto:.4f}", f"{t_auto / t_off:.3f}"])
+            writer.writerow([n, hv, label, -1, f"{t_auto:.4f}", f"{t_auto / t_off:.3f}"])
             f.flush()
             worst = max(worst, t_auto / best[0])
-            print(f"{direction} N={n} Hv={hv:3d} len={length:6d}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at "
+            print(f"{direction} N={n} Hv={hv:3d} len={label:>11}  off {t_off:8.3f} ms  best {best[0]:8.3f} ms at "
                   f"L={best[1]} ({t_off / best[0]:.2f}x)  auto {t_auto:8.3f} ms (auto/off {t_auto / t_off:.3f}, "
                   f"auto/best {t_auto / best[0]:.3f})")
     print(f"summary {direction} splits: {len(configs)} configs, worst auto/best {worst:.3f}; wrote {path}")

@@ -53,11 +53,12 @@ FIXED_ZERO = ("state_m_chunk_us", "correction_m_step_us", "correction_item_us")
 
 
 def read_scan(path):
-    """{(sequences, v_heads, tokens): {segment_chunks: ms}} of a split-scan CSV (0: off, -1: auto)."""
+    """{(sequences, v_heads, tokens): {segment_chunks: ms}} of a split-scan CSV (0: off, -1: auto);
+    tokens is the column's text: one length, or each sequence's joined by '+'."""
     scan = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            key = (int(row["sequences"]), int(row["h_v"]), int(row["tokens_per_seq"]))
+            key = (int(row["sequences"]), int(row["h_v"]), row["tokens_per_seq"])
             scan.setdefault(key, {})[int(row["segment_chunks"])] = float(row["ms"]) * 1e3
     return scan
 
@@ -226,7 +227,7 @@ def main():
     out.write_text(json.dumps(record, indent=1))
     for c in record["choices"]:
         measured = "not scanned" if c["planner_us"] is None else f"{c['planner_us'] / c['best_us']:.3f} of best"
-        print(f"{args.direction} N={c['config'][0]} Hv={c['config'][1]:3d} len={c['config'][2]:6d}  planner L={c['planner_L']:3d}"
+        print(f"{args.direction} N={c['config'][0]} Hv={c['config'][1]:3d} len={c['config'][2]:>6}  planner L={c['planner_L']:3d}"
               f"  best L={c['best_L']:3d}  ({measured})")
     print(f"// fitted by bench/fit_cost_model.py --direction {args.direction} (rms relative error of t(L) - t(off): "
           f"{rms:.4f}, {rms_start:.4f} with the previous coefficients):")

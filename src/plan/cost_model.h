@@ -21,9 +21,9 @@
 // Makespan of a set of items on P slots: the larger of the average load (total / P) and the wave
 // sum p_1 + p_{P+1} + p_{2P+1} + ... (items sorted by decreasing cost p_1 >= p_2 >= ...; wave w
 // holds items wP+1 .. (w+1)P and starts when the previous one ends). It is exact for equal items
-// (ceil(n / P) waves), and it charges a wave for a short tail that spills past a full one: the
-// runtime's cut leaves each sequence's last segment shorter, and 16 x 16 segments of 31 chunks
-// plus 16 of 16 take three waves on 132 SMs, 78 chunks, where 16 x 16 of 32 take two, 64.
+// (ceil(n / P) waves), and it charges a wave for short items that spill past full ones: 16 x 16
+// items of 31 chunks plus 16 of 16 take three waves on 132 SMs, 78 chunks, where 16 x 16 of 32
+// take two, 64 (sequences of different lengths cut at one L give such mixes).
 //
 // One wave of the seed's model: a sequence of N chunks cut into N / L segments of L chunks costs
 // about lambda_1 * L (the parallel state pass and fused kernel, per-chunk costs) plus
@@ -32,7 +32,7 @@
 // the average-load bound takes over and further splitting only adds correction steps.
 //
 // The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
-// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_1150a64.json): the
+// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_03e9a2f.json): the
 // planner's own predict_time_us, through bench/cp_plan_predict, is matched to the measured change
 // t(L) - t(no CP) of whole calls cut at L = 4 .. 128 chunks on the tables' low-parallelism shapes
 // (the split scan of bench/cp_sweep.py), relative error minimised. The planner assumes every head
@@ -48,21 +48,21 @@ namespace flashgdn::plan {
 
 struct CostModel {
   // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
-  double fused_chunk_us = 2.477;  // per chunk
-  double fused_item_us = 0.873;     // per item: entering-state load, final-state store
+  double fused_chunk_us = 2.528;  // per chunk
+  double fused_item_us = 1.233;     // per item: entering-state load, final-state store
   // State-only pass (S*, and M where a head needs it), per (segment, v-head).
-  double state_chunk_us = 1.973;  // per chunk, S* alone
+  double state_chunk_us = 1.849;  // per chunk, S* alone
   double state_m_chunk_us = 0.000;   // extra per chunk when M is formed as well
-  double state_item_us = 19.930;      // per item: S* (and M) store
+  double state_item_us = 19.523;      // per item: S* (and M) store
   // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
-  double correction_step_us = 3.524;     // per segment boundary: read S*_j
+  double correction_step_us = 3.713;     // per segment boundary: read S*_j
   double correction_m_step_us = 0.000;  // extra per boundary when M_j is applied
   double correction_item_us = 0.000;
   int32_t correction_slices_per_head = 4;  // V columns split across CTAs
   // Gate scan that finds the decay windows, per segment (all heads in one CTA).
-  double gate_scan_chunk_us = 0.000;
+  double gate_scan_chunk_us = 0.184;
   // Every kernel launch.
-  double launch_us = 3.518;
+  double launch_us = 3.542;
   // The shortest target length plan_cp considers (CpOptions can only raise it): chosen by
   // bench/fit_cost_model.py from the planner's choices on the split scan.
   int64_t min_segment_chunks = 8;

@@ -137,8 +137,10 @@ double split_time_us(const std::vector<std::pair<int64_t, int64_t>>& chunk_histo
   PipelineItems items(model, no_cp.num_v_heads, no_cp.assumed_m_heads, no_cp.assumed_window_chunks);
   for (const auto& [chunks, count] : chunk_histogram) {
     const int64_t n = num_segments_of(chunks, segment_chunks);
-    items.add_segments(segment_chunks, true, (n - 1) * count);
-    items.add_segments(chunks - (n - 1) * segment_chunks, false, count);
+    const int64_t base = chunks / n, longer = chunks % n;  // the `longer` first ones: base + 1
+    items.add_segments(base + 1, true, longer * count);
+    items.add_segments(base, true, (n - longer - 1) * count);
+    items.add_segments(base, false, count);
     items.add_split_sequences(n, count);
   }
   return items.time_us(no_cp.num_sms);
@@ -163,9 +165,10 @@ CpPlan split_plan(const CpProblem& problem, int64_t segment_chunks, const CpOpti
     const int64_t length = plan.sequence_lengths[i];
     const int64_t chunks = num_chunks_of(length);
     const int64_t n = num_segments_of(chunks, segment_chunks);
+    const int64_t base = n ? chunks / n : 0, longer = n ? chunks % n : 0;
     int64_t offset = 0;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t end = j + 1 == n ? length : offset + segment_chunks * kChunkSize;
+      const int64_t end = j + 1 == n ? length : offset + (base + (j < longer)) * kChunkSize;
       plan.segments.push_back(
           {static_cast<int32_t>(i), static_cast<int32_t>(j), offset, end - offset});
       offset = end;

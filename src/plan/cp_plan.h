@@ -6,10 +6,11 @@
 // runs all (segment, v-head) items in parallel. The cut costs an extra state pass, the scan and
 // three launches; it pays off when (sequences x v-heads) leave SMs idle and a sequence is long.
 //
-// Segmentation for a target length of L chunks, the runtime's (the kernels locate segment j of a
-// sequence at chunk j L): a sequence of C chunks gets n = ceil(C / L) segments, all of L chunks
-// but the last, which holds the rest (C - (n - 1) L chunks, its last chunk possibly partial);
-// segments are contiguous and chunk-aligned. So a sequence of at most L chunks stays whole.
+// Segmentation for a target length of L chunks, the runtime's (locate_segment in the kernels'
+// sequence.cuh): a sequence of C chunks gets n = ceil(C / L) segments of balanced sizes
+// floor(C / n) or floor(C / n) + 1 chunks, the longer ones first; segments are contiguous,
+// chunk-aligned, and the last ends at the sequence end (its last chunk may be partial). So a
+// sequence of at most L chunks stays whole, and no segment is a short tail.
 //
 // Choice of L: the candidates are the cuts of the longest sequence into n = 2, 3, ... segments
 // (L = ceil(C_max / n), never below min_segment_chunks: shorter segments do not keep the fused

@@ -20,9 +20,8 @@ using flashgdn::testing::announced_seed;
 using flashgdn::testing::Rng;
 
 // Segments contiguous and chunk-aligned from offset 0 to the sequence end, indices in order,
-// empty sequences without segments, the runtime's cut: every segment of a cut sequence but the
-// last of the target length, the last holding the rest (1 .. L chunks, its last chunk possibly
-// partial); a sequence of at most L chunks whole.
+// empty sequences without segments, the runtime's cut: ceil(C / L) segments of a cut sequence,
+// balanced (longer first, sizes within one chunk, none longer than L, the last possibly partial).
 void expect_valid_segmentation(const CpPlan& plan) {
   ASSERT_EQ(static_cast<int64_t>(plan.first_segment.size()), plan.num_sequences() + 1);
   ASSERT_EQ(plan.first_segment.front(), 0);
@@ -44,9 +43,16 @@ void expect_valid_segmentation(const CpPlan& plan) {
       ASSERT_EQ(s.offset % kChunkSize, 0);
       ASSERT_GE(s.tokens, 1);
       if (j + 1 < n) {
-        ASSERT_EQ(s.tokens, plan.target_segment_chunks * kChunkSize);
-      } else if (n > 1) {
+        ASSERT_EQ(s.tokens % kChunkSize, 0);
+      }
+      if (n > 1) {
+        ASSERT_EQ(n, (num_chunks_of(length) + plan.target_segment_chunks - 1) / plan.target_segment_chunks);
         ASSERT_LE(s.num_chunks(), plan.target_segment_chunks);
+      }
+      if (j > 0) {
+        const int64_t previous = plan.segments[plan.first_segment[i] + j - 1].num_chunks();
+        ASSERT_LE(s.num_chunks(), previous);
+        ASSERT_GE(s.num_chunks() + 1, previous);
       }
       begins.push_back(offset);
       offset += s.tokens;
@@ -79,8 +85,8 @@ TEST(PlanMakespan, EqualItemsRunInWaves) {
   EXPECT_EQ(makespan_us({}, 132), 0.0);
 }
 
-// A short tail past full waves costs a wave of its own (the runtime's cut leaves short last
-// segments): 256 items of 31 and 16 of 16 on 132 slots take 31 + 31 + 16.
+// Short items past full waves cost a wave of their own (sequences of different lengths cut at one
+// L give such mixes): 256 items of 31 and 16 of 16 on 132 slots take 31 + 31 + 16.
 TEST(PlanMakespan, ATailPastFullWavesTakesAWave) {
   EXPECT_DOUBLE_EQ(makespan_us({{31.0, 256}, {16.0, 16}}, 132), 78.0);
   EXPECT_DOUBLE_EQ(makespan_us({{32.0, 256}}, 132), 64.0);

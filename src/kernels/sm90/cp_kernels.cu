@@ -1,7 +1,8 @@
 // Intra-card context parallelism (auto-CP) of the forward: the kernels around the two passes of
 // the fused forward over segments (DESIGN §1; float64 reference: src/reference/cp.cpp).
 //
-// A sequence of C chunks is cut into ceil(C / L) segments of L chunks (the last may be shorter).
+// A sequence of C chunks is cut into n = ceil(C / L) balanced segments of floor(C / n) or
+// floor(C / n) + 1 chunks, the longer first (locate_segment in sequence.cuh).
 // Launch sequence (runtime/forward.cpp):
 //   [segment_offsets]  varlen: first segment of each sequence
 //   cp_windows         grid (segments, Hv), 256 threads (16 chunks a tile in parallel): walking the

@@ -72,8 +72,8 @@ struct ForwardParams {
   // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.
   void* chunk_states = nullptr;
 
-  // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments of
-  // segment_chunks chunks (the last segment of a sequence may be shorter), see cp_kernels.cu.
+  // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments, each
+  // sequence cut into ceil(C / segment_chunks) balanced segments (locate_segment, sequence.cuh).
   int32_t cp_pass = 0;                   // CpPass
   int64_t segment_chunks = 0;            // L
   int64_t max_segments = 0;              // launch bound on the number of segments

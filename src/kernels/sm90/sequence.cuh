@@ -171,9 +171,17 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
   }
   at.valid = true;
   at.seq = sequence_bounds(p, at.sequence);
-  const int64_t span = p.segment_chunks * kChunk;
-  at.bos = at.seq.bos + at.index * span;
-  at.eos = at.bos + span < at.seq.eos ? at.bos + span : at.seq.eos;
+  // Balanced cut: the sequence's C chunks in num_segments = ceil(C / L) segments of floor(C / n) or
+  // floor(C / n) + 1 chunks, the longer first (src/plan/cp_plan.h): no short tail segment.
+  // 32-bit division (a sequence has < 2^31 chunks): the 64-bit one spills in the register-bound
+  // fused kernels.
+  const int32_t chunks = static_cast<int32_t>((at.seq.eos - at.seq.bos + kChunk - 1) / kChunk);
+  const int32_t segments = static_cast<int32_t>(at.num_segments), index = static_cast<int32_t>(at.index);
+  const int32_t base = chunks / segments, longer = chunks - base * segments;
+  const int64_t first = int64_t{index} * base + (index < longer ? index : longer);
+  const int64_t end = at.seq.bos + (first + base + (index < longer ? 1 : 0)) * kChunk;
+  at.bos = at.seq.bos + first * kChunk;
+  at.eos = end < at.seq.eos ? end : at.seq.eos;
   return at;
 }
 
