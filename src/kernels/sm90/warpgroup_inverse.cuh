@@ -1,0 +1,140 @@
+// The chunk inverse inside a fused kernel: one warpgroup (128 threads, 4 warps) turns K K^T, as the
+// m64n64 wgmma accumulator it has just formed, into
+//     X = A_r = (I + L)^{-1},   L = diag(beta) StrictLower(K K^T)          [64,64]
+// (gate-free, DESIGN §1: a forward re-applies G elementwise), with no barrier but the warpgroup's.
+// Tested on the GPU by tests/gpu_unit/warpgroup_inverse_test.cu (float64 reference, cycles).
+//
+// Layout: warp w owns the accumulator's 16-row band w (wgmma.cuh), which is block row w of the
+// 16 x 16 block structure (X_ij: block row i, block column j). Workspace in shared memory (40 KiB):
+// L and X kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each) and L's
+// diagonal blocks in fp32 [4][16][16]. X's blocks above the diagonal are never formed (read them as 0).
+// Stages, the last three separated by the warpgroup's named barrier:
+//   1. store_l (warp w): its band of L, split, and its diagonal block L_ww in fp32 (beta applied to
+//      the rows here, once)
+//   2. X_ww = (I + L_ww)^{-1} (warp w, lane c < 16: column c by forward substitution in fp32
+//      registers; the entries above the diagonal come out as exact zeros)
+//   3. 16 -> 32 (warp w: block b = 1 + 2 (w / 2), the 8 columns n = 16 (b - 1) + 8 (w % 2) ..):
+//        T [16,8]      = L_{b,b-1} [16,16] @ X_{b-1,b-1}[:, n] [16,8]
+//        X_{b,b-1}[:, n] = -X_bb [16,16] @ T
+//   4. 32 -> 64 (warp w: the 8 columns n = 8 w .. of the lower-left 32 x 32 quarter; X_A = X's
+//      top-left quarter, X_B its bottom-right, both lower block-triangular):
+//        T_m [16,8]  = sum_kb L_{m,kb} @ X_{kb}[:, n]     m = 2, 3; kb = n / 16 .. 1 (X_A's zeros skipped)
+//        X_{2}[:, n] = -X_22 @ T_2;   X_{3}[:, n] = -(X_32 @ T_2 + X_33 @ T_3)
+//      T stays in registers as the next product's B fragment (movmatrix), so a level needs no
+//      barrier inside it. Products in bf16x3 (about 2^-16 relative error each, fp32 accumulation).
+#pragma once
+
+#include "kernels/sm90/params.h"
+#include "kernels/sm90/warp_mma.cuh"
+
+namespace flashgdn::kern {
+
+struct WarpgroupInverse {
+  static constexpr int kPitch = kChunk + 8;  // bf16 elements per row of the split tiles
+  using Split = SplitTile<kChunk, kPitch>;
+
+  struct Workspace {
+    Split l;                   // diag(beta) StrictLower(K K^T)
+    Split x;                   // X on and below the block diagonal
+    float l_diag[4][16][16];   // L's diagonal blocks in fp32
+  };
+
+  static __device__ __forceinline__ void sync(int barrier) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+  }
+
+  // Stage 1: kk is the m64n64 accumulator of K K^T (wgmma.cuh layout), beta the chunk's 64 betas
+  // (0 past its end); warp w writes band w of L and L_ww.
+  static __device__ __forceinline__ void store_l(Workspace& ws, const float (&kk)[32], const float* beta) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows r and r + 8 of the band
+      const int row = 16 * warp + lane / 4 + 8 * h;
+      const float beta_row = beta[row];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = 8 * j + 2 * (lane % 4);
+        const float l0 = row > col ? beta_row * kk[4 * j + 2 * h] : 0.f;
+        const float l1 = row > col + 1 ? beta_row * kk[4 * j + 2 * h + 1] : 0.f;
+        ws.l.store_pair(row, col, l0, l1);
+        if (j / 2 == warp) *reinterpret_cast<float2*>(&ws.l_diag[warp][row % 16][col % 16]) = make_float2(l0, l1);
+      }
+    }
+    __syncwarp();  // stage 2 reads the warp's own L_ww
+  }
+
+  // Stages 2-4; X complete in ws.x when it returns (all 128 threads pass `barrier`).
+  static __device__ __forceinline__ void invert(Workspace& ws, int barrier) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    // 2. X_ww[:, c] solves (I + L_ww) x = e_c.
+    if (lane < 16) {
+      const float(&l_ww)[16][16] = ws.l_diag[warp];
+      const int base = 16 * warp;
+      float x[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < i; ++j) dot += l_ww[i][j] * x[j];
+        x[i] = (i == lane ? 1.f : 0.f) - dot;
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ws.x.store(base + i, base + lane, x[i]);
+    }
+    sync(barrier);
+
+    // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
+    {
+      const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
+      float t[4] = {0.f, 0.f, 0.f, 0.f};
+      SplitA a;
+      SplitB x_block;
+      ws.l.a_fragment(a, r0, r0 - 16);
+      ws.x.b_fragment(x_block, r0 - 16, n0);
+      mma_bf16x3(t, a, x_block);
+      ws.x.a_fragment(a, r0, r0);
+      float x_new[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_bf16x3(x_new, a, accumulator_as_b(t));
+      store_negated(ws.x, r0, n0, x_new);
+    }
+    sync(barrier);
+
+    // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
+    {
+      const int n0 = 8 * warp, first_kb = n0 / 16;
+      float t2[4] = {0.f, 0.f, 0.f, 0.f}, t3[4] = {0.f, 0.f, 0.f, 0.f};
+      SplitA a;
+      SplitB x_block;
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb) {
+        if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
+        ws.x.b_fragment(x_block, 16 * kb, n0);
+        ws.l.a_fragment(a, 32, 16 * kb);
+        mma_bf16x3(t2, a, x_block);
+        ws.l.a_fragment(a, 48, 16 * kb);
+        mma_bf16x3(t3, a, x_block);
+      }
+      const SplitB t2_b = accumulator_as_b(t2), t3_b = accumulator_as_b(t3);
+      float x2[4] = {0.f, 0.f, 0.f, 0.f}, x3[4] = {0.f, 0.f, 0.f, 0.f};
+      ws.x.a_fragment(a, 32, 32);
+      mma_bf16x3(x2, a, t2_b);
+      ws.x.a_fragment(a, 48, 32);
+      mma_bf16x3(x3, a, t2_b);
+      ws.x.a_fragment(a, 48, 48);
+      mma_bf16x3(x3, a, t3_b);
+      store_negated(ws.x, 32, n0, x2);
+      store_negated(ws.x, 48, n0, x3);
+    }
+    sync(barrier);
+  }
+
+ private:
+  // -acc ([16,8] C fragment at (r0, n0)) into a split tile.
+  static __device__ __forceinline__ void store_negated(Split& tile, int r0, int n0, const float (&acc)[4]) {
+    const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
+    tile.store_pair(row, col, -acc[0], -acc[1]);
+    tile.store_pair(row + 8, col, -acc[2], -acc[3]);
+  }
+};
+
+}  // namespace flashgdn::kern

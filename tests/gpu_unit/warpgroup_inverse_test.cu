@@ -1,0 +1,188 @@
+// GPU unit test of the in-kernel chunk inverse (src/kernels/sm90/warpgroup_inverse.cuh): one warpgroup
+// per chunk loads K into the 128-byte-swizzled tile a TMA box gives the fused kernels, forms K K^T
+// with wgmma, and inverts; X = (I + diag(beta) StrictLower(K K^T))^{-1} is compared with a float64
+// forward substitution on the host for 4 x 132 chunks and one of 40 rows (rows past it zero, as the
+// fused kernels see them): random unit keys in half the chunks, strongly correlated ones (larger
+// entries of X) in the other half. It also reports the warpgroup's cycles per stage (clock64, median
+// over the CTAs, 3 CTAs per SM) and fails on any local memory (spills) under the register cap the
+// aux group of a 4-warpgroup fused kernel would give it.
+// Exit codes: 0 pass, 1 a mismatch or spills, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/sm90/wgmma.cuh"
+#include "kernels/sm90/warpgroup_inverse.cuh"
+#include "sm90_device.h"
+
+namespace {
+
+namespace kern = flashgdn::kern;
+namespace wg = flashgdn::kern::wg;
+constexpr int C = 64, D = 128;
+constexpr int kChunks = 4 * 132 + 1, kLastRows = 40;
+constexpr int T = (kChunks - 1) * C + kLastRows;
+constexpr int kTileBytes = C * D * 2;
+
+struct Shared {
+  alignas(1024) unsigned char k[kTileBytes];
+  kern::WarpgroupInverse::Workspace workspace;
+  alignas(16) float beta[C];
+};
+
+// 128 threads; at most 128 registers (4 CTAs' worth per SM), the budget of an aux warpgroup.
+__global__ void __launch_bounds__(128, 4)
+    inverse_kernel(const __nv_bfloat16* k, const float* beta, float* x_out, long long* cycles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  Shared& s = *reinterpret_cast<Shared*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int chunk = blockIdx.x, t0 = chunk * C, rows = min(C, T - t0);
+  for (int e = threadIdx.x; e < C * 16; e += 128) {  // 16-byte vectors; the swizzle moves whole vectors
+    const int row = e / 16, col = (e % 16) * 8;
+    const uint4 value = row < rows ? *reinterpret_cast<const uint4*>(k + static_cast<size_t>(t0 + row) * D + col)
+                                   : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(s.k + wg::tile_offset(row, col, C)) = value;
+  }
+  if (threadIdx.x < C) s.beta[threadIdx.x] = threadIdx.x < rows ? beta[t0 + threadIdx.x] : 0.f;
+  wg::fence_shared_to_async();
+  __syncthreads();
+
+  const long long start = clock64();
+  float kk[32];
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < D; k0 += 16)  // [64,64] = K[64,128] @ K^T
+    wg::mma_ss<__nv_bfloat16, 64, wg::Major::kK, wg::Major::kK>(kk, wg::descriptor<wg::Major::kK>(s.k, k0, C),
+                                                                wg::descriptor<wg::Major::kK>(s.k, k0, C), k0 > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(kk);
+  const long long formed = clock64();
+  kern::WarpgroupInverse::store_l(s.workspace, kk, s.beta);
+  kern::WarpgroupInverse::invert(s.workspace, 1);
+  const long long inverted = clock64();
+
+  float* out = x_out + static_cast<size_t>(chunk) * C * C;
+  for (int e = threadIdx.x; e < C * C / 4; e += 128) {
+    const int row = e / 16, col = (e % 16) * 4;
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+    if (col / 16 <= row / 16) s.workspace.x.values(row, col, x);
+    *reinterpret_cast<float4*>(out + row * C + col) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+  if (threadIdx.x == 0) {
+    cycles[2 * chunk] = formed - start;
+    cycles[2 * chunk + 1] = inverted - formed;
+  }
+}
+
+// X of every chunk (rows past the tokens: K and beta 0) in float64.
+std::vector<double> host_inverse(const std::vector<__nv_bfloat16>& k, const std::vector<float>& beta) {
+  std::vector<double> want(static_cast<size_t>(kChunks) * C * C);
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
+    const int t0 = chunk * C, rows = std::min(C, T - t0);
+    std::vector<double> l(C * C, 0.0);
+    for (int s = 0; s < rows; ++s)
+      for (int t = 0; t < s; ++t) {
+        double dot = 0;
+        for (int d = 0; d < D; ++d)
+          dot += double(__bfloat162float(k[(t0 + s) * D + d])) * __bfloat162float(k[(t0 + t) * D + d]);
+        l[s * C + t] = beta[t0 + s] * dot;
+      }
+    double* x = &want[static_cast<size_t>(chunk) * C * C];
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < C; ++i) {
+        double v = i == c ? 1.0 : 0.0;
+        for (int j = 0; j < i; ++j) v -= l[i * C + j] * x[j * C + c];
+        x[i * C + c] = v;
+      }
+  }
+  return want;
+}
+
+long long median(std::vector<long long> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  if (!have_sm90_device()) return kSkipped;
+  cudaFuncAttributes attributes{};
+  cudaFuncGetAttributes(&attributes, inverse_kernel);
+  std::printf("inverse_kernel: %d registers, %zu bytes of local memory\n", attributes.numRegs,
+              attributes.localSizeBytes);
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> uniform(0.f, 1.f);
+  std::vector<__nv_bfloat16> k(static_cast<size_t>(T) * D);
+  std::vector<float> common(D);
+  for (int t = 0; t < T; ++t) {  // unit keys, as after the L2 norm; odd chunks: one shared direction + noise
+    const bool correlated = (t / C) % 2 == 1;
+    if (correlated && t % C == 0)
+      for (float& x : common) x = normal(rng);
+    std::vector<float> row(D);
+    double norm = 0;
+    for (int d = 0; d < D; ++d) {
+      row[d] = correlated ? common[d] + 0.3f * normal(rng) : normal(rng);
+      norm += double(row[d]) * row[d];
+    }
+    for (int d = 0; d < D; ++d) k[t * D + d] = __float2bfloat16(row[d] / std::sqrt(norm));
+  }
+  std::vector<float> beta(T);
+  for (float& b : beta) b = uniform(rng);
+  const std::vector<double> want = host_inverse(k, beta);
+
+  __nv_bfloat16* k_dev = nullptr;
+  float *beta_dev = nullptr, *x_dev = nullptr;
+  long long* cycles_dev = nullptr;
+  const size_t x_count = static_cast<size_t>(kChunks) * C * C;
+  cudaMalloc(&k_dev, k.size() * sizeof(__nv_bfloat16));
+  cudaMalloc(&beta_dev, beta.size() * sizeof(float));
+  cudaMalloc(&x_dev, x_count * sizeof(float));
+  cudaMalloc(&cycles_dev, 2 * kChunks * sizeof(long long));
+  cudaMemcpy(k_dev, k.data(), k.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
+  cudaMemcpy(beta_dev, beta.data(), beta.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemset(x_dev, 0xff, x_count * sizeof(float));  // NaN poison
+  const int smem = static_cast<int>(sizeof(Shared)) + 1024;
+  cudaFuncSetAttribute(inverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  inverse_kernel<<<kChunks, 128, smem>>>(k_dev, beta_dev, x_dev, cycles_dev);
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
+  std::vector<float> got(x_count);
+  std::vector<long long> cycles(2 * kChunks);
+  cudaMemcpy(got.data(), x_dev, x_count * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaMemcpy(cycles.data(), cycles_dev, cycles.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+  cudaFree(k_dev);
+  cudaFree(beta_dev);
+  cudaFree(x_dev);
+  cudaFree(cycles_dev);
+
+  bool ok = attributes.localSizeBytes == 0;
+  for (int kind = 0; kind < 2; ++kind) {  // random keys (even chunks), correlated (odd)
+    double max_err = 0, max_ref = 0;
+    for (int chunk = kind; chunk < kChunks; chunk += 2)
+      for (int i = 0; i < C * C; ++i) {
+        const size_t at = static_cast<size_t>(chunk) * C * C + i;
+        const double value = got[at];
+        max_err = std::isfinite(value) ? std::fmax(max_err, std::fabs(value - want[at])) : INFINITY;
+        max_ref = std::fmax(max_ref, std::fabs(want[at]));
+      }
+    const bool pass = max_err <= 1e-4 * max_ref;
+    ok &= pass;
+    std::printf("%-16s max |err| %.3e (max |X| %.3e, tolerance 1e-4 relative): %s\n",
+                kind == 0 ? "random keys" : "correlated keys", max_err, max_ref, pass ? "ok" : "FAIL");
+  }
+  std::vector<long long> formed(kChunks), inverted(kChunks);
+  for (int c = 0; c < kChunks; ++c) formed[c] = cycles[2 * c], inverted[c] = cycles[2 * c + 1];
+  std::printf("cycles (median over %d CTAs): K K^T %lld, inverse %lld\n", kChunks, median(formed), median(inverted));
+  return ok ? 0 : 1;
+}
