@@ -49,9 +49,17 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 // Which fused forward kernel runs: kAuto = the register-state kernel (fused_forward_rs.cuh) with the
 // bf16 inverse in forward_with (launch_forward_passes, which the backward calls too: the wgmma
 // kernel), the mma.sync kernel when a V split is forced; kMmaSync = fused_forward.cuh (mma.sync,
-// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (neither for passes
-// that write chunk_states: those run the wgmma kernel).
-enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3, kRegisterState = 4 };
+// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh,
+// kInverseInside = fused_forward_inv.cuh (none of the last three for passes that write chunk_states:
+// those run the wgmma kernel).
+enum class FusedKernel : int32_t {
+  kAuto = 0,
+  kMmaSync = 1,
+  kWgmma = 2,
+  kWarpSpecialized = 3,
+  kRegisterState = 4,
+  kInverseInside = 5
+};
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
 // (ShardPhase::kMaps); up to the state pass (the backward's kMaps); from the correction on
