@@ -10,30 +10,31 @@
 //   Vd^T [64v, 64t] = W^T Ag^T                        Ag = G (.) A_r (.) 1 beta^T  (from the aux)
 //   O^T  [64v, 64t] = scale ((S^T Q^T) Gamma + Vd^T P^T),   S^T' = e^gamma S^T + (Vd^T diag(rho)) K
 // So the state groups' chain has one product more than v4's (U^T, then Vd^T: v4 got -W~ = -B~ K from
-// its aux), and the aux has no -B~ and -W~ but K K^T and the inverse.
+// its aux), and the aux has no -B~ and -W~ but K K^T and the inverse; P moved to the state groups
+// (each forms half of it), which v4's aux made too.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
 //   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's boxes (K, Q with o, V
 //         unless zero_v: two 64-column panels each) and gate record (gcum | beta) into slot c % 2 on
 //         loaded[c % 2], chunk c+1's as soon as the state groups free its slot (v4's ring). Per chunk:
-//           wait loaded; a partial chunk's rows past its end zeroed
+//           wait loaded; a partial chunk's rows past its end zeroed; group barrier
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse (its workspace)
-//           P    [64,64] = G (.) (Q @ K^T) (o only)         SS wgmma, 8 x m64n64k16   -> slot.p
-//           Ag   [64,64] = G (.) X (.) 1 beta^T             registers, stmatrix        -> slot.ag
+//           Ag   [64,64] = G (.) X (.) 1 beta^T             X by ldmatrix, stmatrix    -> slot.ag
 //           ready[c % 2]
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
 //         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready:
 //           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
 //           W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
-//           Vd^T = W^T @ Ag^T (RS, 4)
-//           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma,
-//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T (RS, 4), free[c % 2],
-//           o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+//           Vd^T = W^T @ Ag^T (RS, 4);  QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only)
+//           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
+//           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
+//           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
+//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
 // Shared memory (201 KiB): slots [2] of {k, q, v [64][128]; p, ag [64][64]} (64 KiB each); o [2][64]
 // [128]; the inverse's workspace (40 KiB); gcum, beta [2][64] fp32; mbarriers ready[2] (128
 // arrivals), free[2] (256), loaded[2] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
-// group g.
+// group g, 4 both state groups.
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"
@@ -54,7 +55,9 @@ struct FusedForwardInv {
   static constexpr int kPanelBytes = Tiles::kPanelBytes;
   using Major = wg::Major;
   using Acc = float[32];
+  using PartAcc = float[16];  // m64n32 accumulator
   using StateAcc = float[64];
+  static constexpr int kStateBarrier = 4;  // named barrier of both state groups (256 threads)
   using Fragments = uint32_t[4];
 
   struct Slot {
@@ -90,17 +93,33 @@ struct FusedForwardInv {
     wg::fence_operand(kk);
   }
 
-  // Ag = G (.) X (.) 1 beta^T on and below the diagonal, into slot.ag (X's blocks above the block
-  // diagonal are never formed: masked with the rest of the upper triangle). The column gates and
-  // betas are read per column pair from shared memory (16 + 16 registers the aux group has not got).
+  // Ag = G (.) X (.) 1 beta^T on and below the diagonal, into slot.ag. X's split tiles come by
+  // ldmatrix in the A-fragment layout of the warp's band (register q of k-step ks: rows + 8 (q % 2),
+  // columns 16 ks + 8 (q / 2) + c_lane: accumulator pair j = 2 ks + q / 2, e = 2 (q % 2)); its blocks
+  // above the block diagonal are never formed (selected away with the rest of the upper triangle).
   static __device__ __forceinline__ void store_gated_inverse(Slot& slot, const Inverse::Workspace& ws,
                                                              const float* gcum, const float* beta,
                                                              const float (&g_rows)[2]) {
-    const int c_lane = 2 * (threadIdx.x % 4);
+    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4);
+    float x[32];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t hi[4], lo[4];
+      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
+      ldmatrix_x4(hi, ws.x.hi + at);
+      ldmatrix_x4(lo, ws.x.lo + at);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
+        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
+        const int e = 4 * (2 * ks + q / 2) + 2 * (q % 2);
+        x[e] = h.x + l.x;
+        x[e + 1] = h.y + l.y;
+      }
+    }
     Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
       const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-      const float g_col = gcum[8 * j + c_lane + e % 2], beta_col = beta[8 * j + c_lane + e % 2];
-      return row >= col ? exp2_approx(g_rows[e / 2] - g_col) * ws.x.value(row, col) * beta_col : 0.f;
+      return row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * x[4 * j + e] * beta[col] : 0.f;
     });
   }
 
@@ -153,37 +172,34 @@ struct FusedForwardInv {
       timeline_mark(p, 0, c, 0);
       issue_next_if_free();
       tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 0, c, 2);
       if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
         Rs::zero_rows(slot.k, 2, rows);
         if (with_o) Rs::zero_rows(slot.q, 2, rows);
         if (load_v) Rs::zero_rows(slot.v, 2, rows);
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
       }
+      timeline_mark(p, 0, c, 1);
       // Every warp is past chunk c-1's reads of X (store_gated_inverse) before stage 2 rewrites it,
       // and the zeroed rows are in place for the whole group.
       Aux::group_sync(Aux::kAuxBarrier);
+      timeline_mark(p, 0, c, 2);
 
       const float* gcum = s.gcum[buf];
       {
         Acc kk;
         product_kk(slot, kk);
+        timeline_mark(p, 0, c, 3);
         Inverse::store_l(s.inverse, kk, s.beta[buf]);
       }
-      timeline_mark(p, 0, c, 3);
-      Inverse::invert(s.inverse, Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 4);
+      Inverse::invert(s.inverse, Aux::kAuxBarrier);
+      timeline_mark(p, 0, c, 5);
       issue_next_if_free();
       const int r = Tiles::acc_row(0);
       const float g_rows[2] = {gcum[r], gcum[r + 8]};
-      if (with_o) {
-        float g_col[16];
-        Aux::column_values(gcum, g_col);
-        Aux::product_p(slot, g_rows, g_col);
-      }
-      timeline_mark(p, 0, c, 5);
       store_gated_inverse(slot, s.inverse, gcum, s.beta[buf], g_rows);
-      wg::fence_shared_to_async();  // P, Ag for the state groups' wgmmas
+      timeline_mark(p, 0, c, 6);
+      wg::fence_shared_to_async();  // Ag for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
       if (threadIdx.x == 0 && !next_issued) {
@@ -215,6 +231,26 @@ struct FusedForwardInv {
         const float2 v = Rs::unpack_pair(vt[q]);
         w[ks][q] = pack_pair<Elem>(v.x - exp2_approx(g.x) * u[x], v.y - exp2_approx(g.y) * u[x + 1]);
       }
+    }
+  }
+
+  // P [64,64] = G (.) (Q K^T), lower triangle with diagonal: state group g's 32 key columns
+  // 32 g .. 32 g + 31 (its m64n32 accumulator qk) into the P tile, by two stmatrix_x4.
+  static __device__ __forceinline__ void store_p_half(unsigned char* p_tile, const float* gcum, const PartAcc& qk,
+                                                      int group) {
+    const int r = Tiles::acc_row(0);
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int jj = j + m / 2, e = 2 * (m % 2), row = Tiles::acc_row(e), col = 32 * group + Tiles::acc_col(jj, e);
+        const float p0 = row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * qk[4 * jj + e] : 0.f;
+        const float p1 = row >= col + 1 ? exp2_approx(g_rows[e / 2] - gcum[col + 1]) * qk[4 * jj + e + 1] : 0.f;
+        regs[m] = pack_pair<Elem>(p0, p1);
+      }
+      stmatrix_x4(Tiles::fragment_rows(p_tile, 0, 4 * group + j), regs);
     }
   }
 
@@ -260,6 +296,7 @@ struct FusedForwardInv {
       wg::fence_operand(o);
       const float* gcum = s.gcum[buf];
       Acc vd;
+      PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
       {
         Fragments w[4];
         w_fragments(slot.v + group * kPanelBytes, gcum, u, w);
@@ -267,11 +304,20 @@ struct FusedForwardInv {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(vd, w[ks], wg::descriptor<Major::kK>(slot.ag, 16 * ks, kChunk), ks > 0);
+        if constexpr (kWithO) {
+#pragma unroll
+          for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+            wg::mma_ss<Elem, 32, Major::kK, Major::kK>(
+                qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
+                wg::descriptor<Major::kK>(slot.k + 32 * group * 128, k0, kChunk), k0 > 0);
+        }
         wg::commit();
         wg::wait<0>();
       }
       wg::fence_operand(vd);
       wg::fence_operand(o);
+      wg::fence_operand(qk);
+      if constexpr (kWithO) store_p_half(s.slot[buf].p, gcum, qk, group);
       timeline_mark(p, 1, c, 2);
 
       // v4's epilogue (fused_forward_rs.cuh): (rho Vd)^T and Vd^T as A fragments, QS^T columns *=
@@ -298,6 +344,10 @@ struct FusedForwardInv {
       const float decay = exp2_approx(gamma);
 #pragma unroll
       for (int x = 0; x < 64; ++x) st[x] *= decay;
+      if constexpr (kWithO) {  // both halves of P written (and fenced) before O += Vd^T P^T reads them
+        wg::fence_shared_to_async();
+        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
+      }
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
