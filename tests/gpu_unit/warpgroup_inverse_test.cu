@@ -35,6 +35,7 @@ constexpr const char* kStageNames[kStages] = {"K K^T", "L + diagonal blocks", "1
 struct Shared {
   alignas(1024) unsigned char k[kTileBytes];
   kern::WarpgroupInverse::Workspace workspace;
+  kern::WarpgroupInverse::Split x;
   alignas(16) float beta[C];
 };
 
@@ -68,13 +69,13 @@ __global__ void __launch_bounds__(128, 4)
   long long stage[kStages];
   stage[0] = clock64();
   Inverse::store_l(s.workspace, kk, s.beta);
-  Inverse::invert_diagonal(s.workspace);
+  Inverse::invert_diagonal(s.workspace, s.x);
   Inverse::sync(1);
   stage[1] = clock64();
-  Inverse::merge_16_to_32(s.workspace);
+  Inverse::merge_16_to_32(s.workspace, s.x);
   Inverse::sync(1);
   stage[2] = clock64();
-  Inverse::merge_32_to_64(s.workspace);
+  Inverse::merge_32_to_64(s.workspace, s.x);
   Inverse::sync(1);
   stage[3] = clock64();
 
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(128, 4)
   for (int e = threadIdx.x; e < C * C / 4; e += 128) {
     const int row = e / 16, col = (e % 16) * 4;
     float x[4] = {0.f, 0.f, 0.f, 0.f};
-    if (col / 16 <= row / 16) s.workspace.x.values(row, col, x);
+    if (col / 16 <= row / 16) s.x.values(row, col, x);
     *reinterpret_cast<float4*>(out + row * C + col) = make_float4(x[0], x[1], x[2], x[3]);
   }
   if (threadIdx.x == 0) {

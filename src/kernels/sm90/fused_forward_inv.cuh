@@ -10,8 +10,8 @@
 //   Vd^T [64v, 64t] = W^T Ag^T                        Ag = G (.) A_r (.) 1 beta^T  (from the aux)
 //   O^T  [64v, 64t] = scale ((S^T Q^T) Gamma + Vd^T P^T),   S^T' = e^gamma S^T + (Vd^T diag(rho)) K
 // So the state groups' chain has one product more than v4's (U^T, then Vd^T: v4 got -W~ = -B~ K from
-// its aux), and the aux has no -B~ and -W~ but K K^T and the inverse; P moved to the state groups
-// (each forms half of it), which v4's aux made too.
+// its aux), and the aux has no -B~ and -W~ but K K^T and the inverse; P and Ag, which v4's aux made,
+// are formed by the state groups (half each), where they overlap the groups' own wgmmas.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
 //   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's boxes (K, Q with o, V
@@ -19,20 +19,21 @@
 //         loaded[c % 2], chunk c+1's as soon as the state groups free its slot (v4's ring). Per chunk:
 //           wait loaded; a partial chunk's rows past its end zeroed; group barrier
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
-//           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse (its workspace)
-//           Ag   [64,64] = G (.) X (.) 1 beta^T             X by ldmatrix, stmatrix    -> slot.ag
+//           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
 //           ready[c % 2]
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
 //         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready:
 //           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
 //           W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
+//           Ag's columns 32 g .. 32 g + 31 = G (.) X (.) 1 beta^T (X by ldmatrix) -> slot.ag, and
+//                  both state groups' barrier (Ag whole)
 //           Vd^T = W^T @ Ag^T (RS, 4);  QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only)
 //           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
 //           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
 //           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
 //           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
-// Shared memory (201 KiB): slots [2] of {k, q, v [64][128]; p, ag [64][64]} (64 KiB each); o [2][64]
-// [128]; the inverse's workspace (40 KiB); gcum, beta [2][64] fp32; mbarriers ready[2] (128
+// Shared memory (219 KiB): slots [2] of {k, q, v [64][128]; p, ag [64][64]} (64 KiB each); o [2][64]
+// [128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta [2][64] fp32; mbarriers ready[2] (128
 // arrivals), free[2] (256), loaded[2] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
 // group g, 4 both state groups.
 #pragma once
@@ -71,6 +72,7 @@ struct FusedForwardInv {
     Slot slot[2];
     alignas(1024) unsigned char o[2][kTokenTileBytes];
     Inverse::Workspace inverse;
+    Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
     alignas(8) uint64_t ready[2];
@@ -91,36 +93,6 @@ struct FusedForwardInv {
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(kk);
-  }
-
-  // Ag = G (.) X (.) 1 beta^T on and below the diagonal, into slot.ag. X's split tiles come by
-  // ldmatrix in the A-fragment layout of the warp's band (register q of k-step ks: rows + 8 (q % 2),
-  // columns 16 ks + 8 (q / 2) + c_lane: accumulator pair j = 2 ks + q / 2, e = 2 (q % 2)); its blocks
-  // above the block diagonal are never formed (selected away with the rest of the upper triangle).
-  static __device__ __forceinline__ void store_gated_inverse(Slot& slot, const Inverse::Workspace& ws,
-                                                             const float* gcum, const float* beta,
-                                                             const float (&g_rows)[2]) {
-    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4);
-    float x[32];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      uint32_t hi[4], lo[4];
-      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
-      ldmatrix_x4(hi, ws.x.hi + at);
-      ldmatrix_x4(lo, ws.x.lo + at);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
-        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
-        const int e = 4 * (2 * ks + q / 2) + 2 * (q % 2);
-        x[e] = h.x + l.x;
-        x[e + 1] = h.y + l.y;
-      }
-    }
-    Tiles::store_fragments(slot.ag, 0, [&](int j, int e) {
-      const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-      return row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * x[4 * j + e] * beta[col] : 0.f;
-    });
   }
 
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
@@ -172,19 +144,16 @@ struct FusedForwardInv {
       timeline_mark(p, 0, c, 0);
       issue_next_if_free();
       tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 0, c, 1);
       if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
         Rs::zero_rows(slot.k, 2, rows);
         if (with_o) Rs::zero_rows(slot.q, 2, rows);
         if (load_v) Rs::zero_rows(slot.v, 2, rows);
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
+        Aux::group_sync(Aux::kAuxBarrier);
       }
-      timeline_mark(p, 0, c, 1);
-      // Every warp is past chunk c-1's reads of X (store_gated_inverse) before stage 2 rewrites it,
-      // and the zeroed rows are in place for the whole group.
-      Aux::group_sync(Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 2);
 
-      const float* gcum = s.gcum[buf];
       {
         Acc kk;
         product_kk(slot, kk);
@@ -192,16 +161,13 @@ struct FusedForwardInv {
         Inverse::store_l(s.inverse, kk, s.beta[buf]);
       }
       timeline_mark(p, 0, c, 4);
-      Inverse::invert(s.inverse, Aux::kAuxBarrier);
+      // X into x[buf]: chunk c-2's Ag was formed from it before the state groups freed this slot,
+      // which the loads just waited for came after.
+      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 5);
-      issue_next_if_free();
-      const int r = Tiles::acc_row(0);
-      const float g_rows[2] = {gcum[r], gcum[r + 8]};
-      store_gated_inverse(slot, s.inverse, gcum, s.beta[buf], g_rows);
-      timeline_mark(p, 0, c, 6);
-      wg::fence_shared_to_async();  // Ag for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
+      issue_next_if_free();
       if (threadIdx.x == 0 && !next_issued) {
         if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
         issue(c + 1);
@@ -231,6 +197,36 @@ struct FusedForwardInv {
         const float2 v = Rs::unpack_pair(vt[q]);
         w[ks][q] = pack_pair<Elem>(v.x - exp2_approx(g.x) * u[x], v.y - exp2_approx(g.y) * u[x + 1]);
       }
+    }
+  }
+
+  // Ag = G (.) X (.) 1 beta^T on and below the diagonal: state group g's columns 32 g .. 32 g + 31
+  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's split tiles come by ldmatrix in the A-fragment
+  // layout of the warp's band (register q: rows + 8 (q % 2), columns 16 ks + 8 (q / 2) + c_lane),
+  // which is stmatrix_x4's order for column blocks 2 ks, 2 ks + 1; X's blocks above the block
+  // diagonal are never formed (selected away with the rest of the upper triangle).
+  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Split& x,
+                                                       const float* gcum, const float* beta, int group) {
+    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
+    const int r = band + lane / 4;
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+#pragma unroll 1  // one k-step's temporaries at a time: the state groups have few registers to spare
+    for (int half = 0; half < 2; ++half) {
+      const int ks = 2 * group + half;
+      uint32_t hi[4], lo[4];
+      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
+      ldmatrix_x4(hi, x.hi + at);
+      ldmatrix_x4(lo, x.lo + at);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
+        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
+        const int row = r + 8 * (q % 2), col = 16 * ks + 8 * (q / 2) + c_lane;
+        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * (h.x + l.x) * beta[col] : 0.f;
+        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * (h.y + l.y) * beta[col + 1] : 0.f;
+        hi[q] = pack_pair<Elem>(a0, a1);
+      }
+      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), hi);
     }
   }
 
@@ -300,6 +296,12 @@ struct FusedForwardInv {
       {
         Fragments w[4];
         w_fragments(slot.v + group * kPanelBytes, gcum, u, w);
+        // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
+        // or U^T it spills); both halves before Vd reads Ag.
+        store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[buf], group);
+        wg::fence_shared_to_async();
+        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
+        timeline_mark(p, 1, c, 6);
         wg::fence();  // the fragment registers were just written
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)

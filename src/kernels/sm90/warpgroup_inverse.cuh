@@ -5,9 +5,9 @@
 // Tested on the GPU by tests/gpu_unit/warpgroup_inverse_test.cu (float64 reference, cycles).
 //
 // Layout: warp w owns the accumulator's 16-row band w (wgmma.cuh), which is block row w of the
-// 16 x 16 block structure (X_ij: block row i, block column j). Workspace in shared memory (40 KiB):
-// L and X kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each) and L's
-// diagonal blocks in fp32 [4][16][16], transposed. X's blocks above the diagonal are never formed (read them as 0).
+// 16 x 16 block structure (X_ij: block row i, block column j). In shared memory: the workspace
+// (22 KiB: L split for bf16x3, warp_mma.cuh SplitTile bf16 hi + lo [64][72], and L's diagonal blocks
+// in fp32 [4][16][16], transposed) and X's split tile (18 KiB), which the caller places. X's blocks above the diagonal are never formed (read them as 0).
 // Stages, the last three separated by the warpgroup's named barrier:
 //   1. store_l (warp w): its band of L left of the diagonal block, split, and L_ww in fp32 (beta
 //      applied to the rows here, once)
@@ -35,10 +35,11 @@ struct WarpgroupInverse {
   using Split = SplitTile<kChunk, kPitch>;
 
   struct Workspace {
-    Split l;                   // diag(beta) StrictLower(K K^T)
-    Split x;                   // X on and below the block diagonal
+    Split l;                    // diag(beta) StrictLower(K K^T)
     float l_diag_t[4][16][16];  // L's diagonal blocks in fp32, transposed: [w][j][i] = L_ww[i][j]
   };
+  // X itself is a separate Split tile (on and below the block diagonal), so that a kernel can keep
+  // one per pipeline slot.
 
   static __device__ __forceinline__ void sync(int barrier) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
@@ -68,20 +69,20 @@ struct WarpgroupInverse {
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
-  // Stages 2-4; X complete in ws.x when it returns (all 128 threads pass `barrier`).
-  static __device__ __forceinline__ void invert(Workspace& ws, int barrier) {
-    invert_diagonal(ws);
+  // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`).
+  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier) {
+    invert_diagonal(ws, x);
     sync(barrier);
-    merge_16_to_32(ws);
+    merge_16_to_32(ws, x);
     sync(barrier);
-    merge_32_to_64(ws);
+    merge_32_to_64(ws, x);
     sync(barrier);
   }
 
   // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
   //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
   //    L_ww's column j read as broadcast float4 vectors of the transposed block.
-  static __device__ __forceinline__ void invert_diagonal(Workspace& ws) {
+  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Split& x_tile) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     if (lane >= 16) return;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
@@ -100,26 +101,26 @@ struct WarpgroupInverse {
           if (4 * v + e > j) x[4 * v + e] -= column[e] * x[j];
       }
 #pragma unroll
-    for (int i = 0; i < 16; ++i) ws.x.store(base + i, base + lane, x[i]);
+    for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
   }
 
   // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
-  static __device__ __forceinline__ void merge_16_to_32(Workspace& ws) {
+  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Split& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
     SplitA a;
     SplitB x_block;
     Terms t, x_new;
     ws.l.a_fragment(a, r0, r0 - 16);
-    ws.x.b_fragment(x_block, r0 - 16, n0);
+    x.b_fragment(x_block, r0 - 16, n0);
     t.add(a, x_block);
-    ws.x.a_fragment(a, r0, r0);
+    x.a_fragment(a, r0, r0);
     x_new.add(a, t.as_b());
-    store_negated(ws.x, r0, n0, x_new);
+    store_negated(x, r0, n0, x_new);
   }
 
   // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
-  static __device__ __forceinline__ void merge_32_to_64(Workspace& ws) {
+  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Split& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int n0 = 8 * warp, first_kb = n0 / 16;
     SplitA a;
@@ -128,7 +129,7 @@ struct WarpgroupInverse {
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
-      ws.x.b_fragment(x_block, 16 * kb, n0);
+      x.b_fragment(x_block, 16 * kb, n0);
       ws.l.a_fragment(a, 32, 16 * kb);
       t2.add(a, x_block);
       ws.l.a_fragment(a, 48, 16 * kb);
@@ -136,14 +137,14 @@ struct WarpgroupInverse {
     }
     const SplitB t2_b = t2.as_b(), t3_b = t3.as_b();
     Terms x2, x3;
-    ws.x.a_fragment(a, 32, 32);
+    x.a_fragment(a, 32, 32);
     x2.add(a, t2_b);
-    ws.x.a_fragment(a, 48, 32);
+    x.a_fragment(a, 48, 32);
     x3.add(a, t2_b);
-    ws.x.a_fragment(a, 48, 48);
+    x.a_fragment(a, 48, 48);
     x3.add(a, t3_b);
-    store_negated(ws.x, 32, n0, x2);
-    store_negated(ws.x, 48, n0, x3);
+    store_negated(x, 32, n0, x2);
+    store_negated(x, 48, n0, x3);
   }
 
  private:
