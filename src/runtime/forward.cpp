@@ -227,14 +227,19 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
     return {StatusCode::kInvalidArgument,
             "kernel: 4 (register state) and 5 (inverse inside) take the bf16 inverse only (inverse_fp32 off)"};
   const kern::InverseKind inverse = variant.inverse;
-  // kAuto: the register-state kernel (v4) with the bf16 inverse, the wgmma kernel with the fp32 one,
-  // the mma.sync kernel when a V split is forced (launch_forward_passes).
-  const FusedKernel kernel = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
-                                     inverse == kern::InverseKind::kBF16
-                                 ? FusedKernel::kRegisterState
-                                 : variant.kernel;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
+  // kAuto: with the bf16 inverse, v5 (the inverse inside) where no CP runs and the sequences x
+  // v-heads fill at least half of the SMs (there the chunk inverse's own pass costs more than v5's
+  // longer chunk step: bench/notes.md, session 10), else v4 (register state); the wgmma kernel with
+  // the fp32 inverse, the mma.sync kernel when a V split is forced (launch_forward_passes).
+  const bool auto_bf16 = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
+                         inverse == kern::InverseKind::kBF16;
+  const bool fills_half = 2 * problem.in.num_sequences() * problem.in.shape.num_v_heads >= num_sms();
+  const FusedKernel kernel =
+      !auto_bf16 ? variant.kernel
+      : !layout.cp.enabled && problem.shard_phase == ShardPhase::kNone && fills_half ? FusedKernel::kInverseInside
+                                                                                    : FusedKernel::kRegisterState;
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   auto* ws = static_cast<unsigned char*>(workspace);
