@@ -64,6 +64,23 @@ int64_t segment_count(const Inputs& in, const std::optional<std::vector<int64_t>
 
 }  // namespace
 
+double resident_items(const Inputs& in) {
+  const auto lengths = host_lengths(in);
+  if (!lengths) return 0.0;
+  int64_t total = 0, longest = 0;
+  for (int64_t length : *lengths) {
+    total += plan::num_chunks_of(length);
+    longest = std::max(longest, plan::num_chunks_of(length));
+  }
+  return longest == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(longest) * in.shape.num_v_heads;
+}
+
+FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase) {
+  const bool fills_the_gpu = 10.0 * resident_items(in) >= 9.0 * num_sms();
+  return !cp_enabled && phase == ShardPhase::kNone && fills_the_gpu ? FusedKernel::kInverseInside
+                                                                    : FusedKernel::kRegisterState;
+}
+
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   const ContextParallelism& options = in.context_parallelism;
   if (options.mode == ContextParallel::kOff) return {};
@@ -229,17 +246,12 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   const kern::InverseKind inverse = variant.inverse;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
-  // kAuto: with the bf16 inverse, v5 (the inverse inside) where no CP runs and the sequences x
-  // v-heads fill at least half of the SMs (there the chunk inverse's own pass costs more than v5's
-  // longer chunk step: bench/notes.md, session 10), else v4 (register state); the wgmma kernel with
-  // the fp32 inverse, the mma.sync kernel when a V split is forced (launch_forward_passes).
+  // kAuto: auto_forward_kernel with the bf16 inverse; the wgmma kernel with the fp32 one, the
+  // mma.sync kernel when a V split is forced (launch_forward_passes).
   const bool auto_bf16 = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
                          inverse == kern::InverseKind::kBF16;
-  const bool fills_half = 2 * problem.in.num_sequences() * problem.in.shape.num_v_heads >= num_sms();
   const FusedKernel kernel =
-      !auto_bf16 ? variant.kernel
-      : !layout.cp.enabled && problem.shard_phase == ShardPhase::kNone && fills_half ? FusedKernel::kInverseInside
-                                                                                    : FusedKernel::kRegisterState;
+      auto_bf16 ? auto_forward_kernel(problem.in, layout.cp.enabled, problem.shard_phase) : variant.kernel;
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   auto* ws = static_cast<unsigned char*>(workspace);
