@@ -11,9 +11,8 @@
 // Stages, the last three separated by the warpgroup's named barrier:
 //   1. store_l (warp w): its band of L left of the diagonal block, split, and L_ww in fp32 (beta
 //      applied to the rows here, once)
-//   2. X_ww = (I + L_ww)^{-1} (warp w): its 8 x 8 diagonal blocks by forward substitution in fp32
-//      registers (lane l < 16 one column; entries above the diagonal come out as exact zeros), the
-//      block below them on the tensor cores (invert_diagonal)
+//   2. X_ww = (I + L_ww)^{-1} (warp w, lane c < 16: column c by column-oriented forward
+//      substitution in fp32 registers; the entries above the diagonal come out as exact zeros)
 //   3. 16 -> 32 (warp w: block b = 1 + 2 (w / 2), the 8 columns n = 16 (b - 1) + 8 (w % 2) ..):
 //        T [16,8]      = L_{b,b-1} [16,16] @ X_{b-1,b-1}[:, n] [16,8]
 //        X_{b,b-1}[:, n] = -X_bb [16,16] @ T
@@ -80,46 +79,29 @@ struct WarpgroupInverse {
     sync(barrier);
   }
 
-  // 2. X_ww = (I + L_ww)^{-1} in 8 x 8 blocks [[A, 0], [C, B]]: A and B by column-oriented forward
-  //    substitution in fp32 (lane l < 16: column l % 8 of A (l < 8) or B; an 8-step chain, L_ww's
-  //    columns read from the transposed block), then C = -B L_10 A on the tensor cores:
-  //      T [16,8] = L_ww [16,16] @ [A; 0] [16,8]          (rows 8..15: L_10 A; rows 0..7 unused)
-  //      C        = -[[0, 0], [0, B]] [16,16] @ T          (rows 8..15)
-  //    the zero blocks set in the fragments, not read from shared memory.
-  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Split& x) {
+  // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
+  //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
+  //    L_ww's column j read as broadcast float4 vectors of the transposed block.
+  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Split& x_tile) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    if (lane >= 16) return;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
     const int base = 16 * warp;
-    if (lane < 16) {
-      const int o = 8 * (lane / 8), c = lane % 8;
-      float v[8];
+    float x[16];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = i == c ? 1.f : 0.f;
+    for (int i = 0; i < 16; ++i) x[i] = i == lane ? 1.f : 0.f;
 #pragma unroll
-      for (int j = 0; j < 7; ++j)
+    for (int j = 0; j < 15; ++j)
 #pragma unroll
-        for (int i = j + 1; i < 8; ++i) v[i] -= l_t[o + j][o + i] * v[j];
+      for (int v = (j + 1) / 4; v < 4; ++v) {  // column j of L_ww, rows 4 v .. 4 v + 3: one broadcast vector
+        const float4 l = *reinterpret_cast<const float4*>(&l_t[j][4 * v]);
+        const float column[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x.store(base + o + i, base + o + c, v[i]);
-      if (o == 8) {  // the block above B
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x.store(base + i, base + 8 + c, 0.f);
+        for (int e = 0; e < 4; ++e)
+          if (4 * v + e > j) x[4 * v + e] -= column[e] * x[j];
       }
-    }
-    __syncwarp();
-    SplitA l_ww;
-    load_split_a<Stored::kTransposed>(l_ww, &l_t[0][0], 16);
-    SplitB a_top;  // [A; 0]
-    x.b_fragment(a_top, base, base);
-    a_top.hi[1] = a_top.lo[1] = 0u;
-    Terms t;
-    t.add(l_ww, a_top);
-    SplitA b_only;  // [[0, 0], [0, B]]: registers 0, 1 hold columns 0..7
-    x.a_fragment(b_only, base, base);
-    b_only.hi[0] = b_only.hi[1] = b_only.lo[0] = b_only.lo[1] = 0u;
-    Terms c;
-    c.add(b_only, t.as_b());
-    x.store_pair(base + 8 + lane / 4, base + 2 * (lane % 4), -c.value(2), -c.value(3));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
   }
 
   // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
