@@ -1,9 +1,9 @@
-"""A/B timing of the fused forward kernels (mma.sync with its V split, wgmma, warp-specialized wgmma v3 and
-v4 with the state in registers) on the same
+"""A/B timing of the fused forward kernels (mma.sync with its V split, wgmma, warp-specialized wgmma v3,
+v4 with the state in registers and v5 with the chunk inverse inside) on the same
 inputs: whole forward call by CUDA-graph replay (median), CP off and CP automatic, and the
 per-chunk step time of the fused kernel's serial chain without CP (call time / chunks per CTA wave).
 
-    python bench/fused_kernel_ab.py [--out DIR]     (CSV <date>_fused_kernel_ab_<commit>.csv)
+    python bench/fused_kernel_ab.py [--kernels rs,inv] [--out DIR]     (CSV <date>_fused_kernel_ab_<commit>.csv)
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from flashgdn.ops import forward_into  # noqa: E402
 # (lengths, Hqk, Hv): rows of the forward table from one long sequence to full waves
 CONFIGS = [([32768], 2, 8), ([32768], 16, 32), ([8192], 16, 32), ([8192] * 4, 16, 32), ([8192] * 8, 8, 32),
            ([2048] * 16, 16, 32), ([32768], 16, 16)]
-KERNELS = {"mma.sync": 1, "wgmma": 2, "ws": 3, "rs": 4}
+KERNELS = {"mma.sync": 1, "wgmma": 2, "ws": 3, "rs": 4, "inv": 5}
 AUTO, OFF = 0, 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated names of KERNELS")
     args = parser.parse_args()
+    kernels = {name: KERNELS[name] for name in args.kernels.split(",")}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     path = pathlib.Path(args.out) / f"{datetime.date.today()}_fused_kernel_ab_{git_commit()}.csv"
     lines = ["seqlens,h_qk,h_v,kernel,cp,ms,chunk_step_us"]
@@ -42,7 +44,7 @@ def main() -> None:
         x, cu = inp["x"], inp["cu"]
         o = torch.empty_like(x["v"])
         final = torch.empty(len(lengths), hv, 128, 128, device="cuda")
-        for name, kernel in KERNELS.items():
+        for name, kernel in kernels.items():
             for cp in (OFF, AUTO):
                 def call():
                     forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu,

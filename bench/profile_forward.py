@@ -1,9 +1,9 @@
 """One forward call to profile with ncu (DESIGN §5 inputs). Without "cp" the planner cannot see
 the lengths (device cu_seqlens only), so CP stays off; with "cp" it gets the host copy and CP on.
 "ws" runs the warp-specialized fused kernel (kernel 3) instead of the default, "rs" the one with the
-state in registers (kernel 4).
+state in registers (kernel 4), "inv" the one with the chunk inverse inside (kernel 5).
 
-    python bench/profile_forward.py [COUNTxLENGTH HQK HV [cp] [ws|rs]]     (default 1x8192 16 32)
+    python bench/profile_forward.py [COUNTxLENGTH HQK HV [cp] [ws|rs|inv]]     (default 1x8192 16 32)
 """
 
 import importlib.util
@@ -20,7 +20,7 @@ from flashgdn.bench.inputs import make_inputs  # noqa: E402
 args = sys.argv[1:]
 spec, hqk, hv = (args[0], int(args[1]), int(args[2])) if len(args) >= 3 else ("1x8192", 16, 32)
 with_cp = "cp" in args[3:]
-kernel = 3 if "ws" in args[3:] else 4 if "rs" in args[3:] else 0
+kernel = 3 if "ws" in args[3:] else 4 if "rs" in args[3:] else 5 if "inv" in args[3:] else 0
 count, length = (int(n) for n in spec.split("x"))
 inp = make_inputs([length] * count, hqk, hv)
 if kernel:

@@ -1,11 +1,11 @@
 """Where the chunk step of the warp-specialized forwards goes, from the timeline of a measurement
 build (cmake -DFLASHGDN_TIMELINE=ON; src/kernels/sm90/timeline.cuh): one forward per configuration
-and kernel (3 and 4, no CP), then per phase the median cycles over chunks 8..126 of CTA (0, 0, 0),
+and kernel (3, 4 and 5, no CP), then per phase the median cycles over chunks 8..126 of CTA (0, 0, 0),
 for the aux group and state group 0, and the chunk step (top of chunk c to top of c + 1). The aux's
 "issue loads, wait tiles" is the cp.async tiles; its gate and A_r loads are waited at first use
 ("gates, barrier", "Ag"). In a timeline build v3 spills a little (h200_check reports it).
 
-    FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--out DIR]
+    FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--kernels ws,rs,inv] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from flashgdn.bench.timing import git_commit  # noqa: E402
 from flashgdn.ops import TIMELINE_SHAPE, forward_into, set_timeline  # noqa: E402
 
 CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32)]
-KERNELS = {"ws": 3, "rs": 4}
 # Phases: (name, from event, to event) of each role (timeline.cuh). v4's TMA-fed aux group: "wait slot
 # free" is its first poll (it issues chunk c+1's loads there when the slot is free, never waits), "issue
 # loads, wait tiles" its wait for chunk c's loads, "-B~, -W~" includes a poll.
@@ -36,6 +35,12 @@ AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles", 1, 2), ("gates, bar
 # (v3 copies chunk c-1's o out inside "Vd (+QS)", v4 inside "update (+P Vd)".)
 STATE = [("wait ready", 0, 1), ("Vd (+QS)", 1, 2), ("Vd epilogue, issue update", 2, 3), ("update (+P Vd)", 3, 4),
          ("epilogue, o, barrier", 4, 5)]
+# v5 (fused_forward_inv.cuh): the aux group forms A_r itself; its state groups take U^T and W^T before Vd^T.
+AUX_INV = [("issue loads, wait tiles", 0, 1), ("zero rows", 1, 2), ("K K^T", 2, 3), ("L", 3, 4), ("inverse", 4, 5),
+           ("ready", 5, 7)]
+STATE_INV = [("wait ready", 0, 1), ("U, QS, W, Ag half, barrier", 1, 6), ("Vd, P", 6, 2),
+             ("Vd epilogue, barrier, issue update", 2, 3), ("update (+P Vd)", 3, 4), ("epilogue, o, barrier", 4, 5)]
+KERNELS = {"ws": (3, AUX, STATE), "rs": (4, AUX, STATE), "inv": (5, AUX_INV, STATE_INV)}
 FIRST = 8  # skip the pipeline's start
 
 
@@ -50,6 +55,7 @@ def phases(row, table):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated names of KERNELS")
     args = parser.parse_args()
     path = pathlib.Path(args.out) / f"{datetime.date.today()}_timeline_{git_commit()}.csv"
     lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
@@ -59,14 +65,15 @@ def main() -> None:
         inp = make_inputs(lengths, hqk, hv)
         x = inp["x"]
         label = f"{len(lengths)}x{lengths[0]}"
-        for name, kernel in KERNELS.items():
+        for name in args.kernels.split(","):
+            kernel, aux, state = KERNELS[name]
             buffer.zero_()
             forward_into(torch.empty_like(x["v"]), None, x["q"], x["k"], x["v"], x["g"], x["beta"],
                          x["initial_state"], inp["cu"], 128 ** -0.5, False, False, False, inp["cu_cpu"], 1,
                          kernel=kernel)
             torch.cuda.synchronize()
             data = buffer.cpu()
-            for role, table in (("aux", AUX), ("state", STATE)):
+            for role, table in (("aux", aux), ("state", state)):
                 result = phases(data[0 if role == "aux" else 1], table)
                 print(f"{label} ({hqk},{hv}) {name} {role}: " +
                       ", ".join(f"{phase} {cycles:.0f}" for phase, cycles in result.items()), flush=True)

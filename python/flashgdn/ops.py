@@ -206,10 +206,10 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
         return None
     if v_split not in (0, 1, 2):
         raise ValueError(f"v_split: must be 0 (automatic), 1 or 2, got {v_split}")
-    if kernel not in (0, 1, 2, 3, 4):
-        raise ValueError(f"kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized) or "
-                         f"4 (register state), got {kernel}")
-    if kernel in (2, 3, 4) and v_split == 2:
+    if kernel not in (0, 1, 2, 3, 4, 5):
+        raise ValueError(f"kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized), "
+                         f"4 (register state) or 5 (inverse inside), got {kernel}")
+    if kernel in (2, 3, 4, 5) and v_split == 2:
         raise ValueError("v_split: the wgmma kernels have no V split (v_split 0 or 1)")
     variant = int(inverse_fp32) | (int(v_split) << 1) | (int(kernel) << 3)
     nbytes = ctypes.c_size_t(0)

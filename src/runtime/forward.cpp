@@ -64,6 +64,23 @@ int64_t segment_count(const Inputs& in, const std::optional<std::vector<int64_t>
 
 }  // namespace
 
+double resident_items(const Inputs& in) {
+  const auto lengths = host_lengths(in);
+  if (!lengths) return 0.0;
+  int64_t total = 0, longest = 0;
+  for (int64_t length : *lengths) {
+    total += plan::num_chunks_of(length);
+    longest = std::max(longest, plan::num_chunks_of(length));
+  }
+  return longest == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(longest) * in.shape.num_v_heads;
+}
+
+FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase) {
+  const bool fills_the_gpu = 10.0 * resident_items(in) >= 9.0 * num_sms();
+  return !cp_enabled && phase == ShardPhase::kNone && fills_the_gpu ? FusedKernel::kInverseInside
+                                                                    : FusedKernel::kRegisterState;
+}
+
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   const ContextParallelism& options = in.context_parallelism;
   if (options.mode == ContextParallel::kOff) return {};
@@ -135,9 +152,11 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel,
                              CpStages stages) {
-  const bool specialized = kernel == FusedKernel::kWarpSpecialized || kernel == FusedKernel::kRegisterState;
+  const bool specialized = kernel == FusedKernel::kWarpSpecialized || kernel == FusedKernel::kRegisterState ||
+                           kernel == FusedKernel::kInverseInside;
   p.warp_specialized = kernel == FusedKernel::kWarpSpecialized && chunk_states == nullptr;
   p.register_state = kernel == FusedKernel::kRegisterState && chunk_states == nullptr;
+  p.inverse_inside = kernel == FusedKernel::kInverseInside && chunk_states == nullptr;
   p.wgmma = kernel == FusedKernel::kWgmma || (specialized && chunk_states != nullptr) ||
             (kernel == FusedKernel::kAuto && forced_v_split == 0);
   auto split = [&](int64_t items) {
@@ -215,26 +234,24 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   if (auto s = validate_forward(problem, Target::kDevice); !s.ok()) return s;
   if (variant.v_split < 0 || variant.v_split > 2)
     return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
-  if (variant.kernel != FusedKernel::kAuto && variant.kernel != FusedKernel::kMmaSync &&
-      variant.kernel != FusedKernel::kWgmma && variant.kernel != FusedKernel::kWarpSpecialized &&
-      variant.kernel != FusedKernel::kRegisterState)
+  if (variant.kernel < FusedKernel::kAuto || variant.kernel > FusedKernel::kInverseInside)
     return {StatusCode::kInvalidArgument,
-            "kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized) or 4 (register state)"};
-  if ((variant.kernel == FusedKernel::kWgmma || variant.kernel == FusedKernel::kWarpSpecialized ||
-       variant.kernel == FusedKernel::kRegisterState) &&
-      variant.v_split == 2)
+            "kernel: must be 0 (automatic), 1 (mma.sync), 2 (wgmma), 3 (warp-specialized), 4 (register state) or "
+            "5 (inverse inside)"};
+  if (variant.kernel >= FusedKernel::kWgmma && variant.v_split == 2)
     return {StatusCode::kInvalidArgument, "v_split: the wgmma kernels have no V split (v_split 0 or 1)"};
-  if (variant.kernel == FusedKernel::kRegisterState && variant.inverse == kern::InverseKind::kF32)
-    return {StatusCode::kInvalidArgument, "kernel: 4 (register state) takes the bf16 inverse only (inverse_fp32 off)"};
+  if (variant.kernel >= FusedKernel::kRegisterState && variant.inverse == kern::InverseKind::kF32)
+    return {StatusCode::kInvalidArgument,
+            "kernel: 4 (register state) and 5 (inverse inside) take the bf16 inverse only (inverse_fp32 off)"};
   const kern::InverseKind inverse = variant.inverse;
-  // kAuto: the register-state kernel (v4) with the bf16 inverse, the wgmma kernel with the fp32 one,
-  // the mma.sync kernel when a V split is forced (launch_forward_passes).
-  const FusedKernel kernel = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
-                                     inverse == kern::InverseKind::kBF16
-                                 ? FusedKernel::kRegisterState
-                                 : variant.kernel;
   if (auto s = check_device(); !s.ok()) return s;
   const ForwardLayout layout = forward_layout(problem, inverse);
+  // kAuto: auto_forward_kernel with the bf16 inverse; the wgmma kernel with the fp32 one, the
+  // mma.sync kernel when a V split is forced (launch_forward_passes).
+  const bool auto_bf16 = variant.kernel == FusedKernel::kAuto && variant.v_split == 0 &&
+                         inverse == kern::InverseKind::kBF16;
+  const FusedKernel kernel =
+      auto_bf16 ? auto_forward_kernel(problem.in, layout.cp.enabled, problem.shard_phase) : variant.kernel;
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   auto* ws = static_cast<unsigned char*>(workspace);
@@ -259,10 +276,12 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   }
   for (int i = 0; i < 4; ++i) p.final_state_strides[i] = problem.final_state.strides[i];
   p.inverse = ws + layout.inverse;
-  // v4 takes Ag in place of A_r and reads the gate records; the other kernels need neither, so the
-  // inverse writes none for them (kShardFinish reuses kShardMaps' inverse: both with one kernel).
+  // v4 takes Ag in place of A_r and reads the gate records; v5 forms A_r itself and reads the gate
+  // records of launch_chunk_gates; the other kernels need neither, so the inverse writes none for
+  // them (kShardFinish reuses kShardMaps' inverse or gate records: both with one kernel).
   p.gated_inverse = kernel == FusedKernel::kRegisterState;
-  p.chunk_gates = p.gated_inverse ? reinterpret_cast<float*>(ws + layout.chunk_gates) : nullptr;
+  const bool inverse_inside = kernel == FusedKernel::kInverseInside;
+  p.chunk_gates = p.gated_inverse || inverse_inside ? reinterpret_cast<float*>(ws + layout.chunk_gates) : nullptr;
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {
@@ -273,8 +292,11 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
                                        : Status{};
   }
   const ShardPhase phase = problem.shard_phase;
-  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
-    if (auto s = launch_chunk_inverse(p, elem, inverse, stream); !s.ok()) return s;
+  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
+    if (auto s = inverse_inside ? cuda_status(kern::launch_chunk_gates(p, stream), "chunk_gates")
+                                : launch_chunk_inverse(p, elem, inverse, stream);
+        !s.ok())
+      return s;
   }
   if (layout.cp.enabled) {
     if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;

@@ -27,6 +27,10 @@ struct CpDecision {
   int64_t max_segments = 0;    // exact with host lengths, else a bound
 };
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model = {});
+
+// Sequences x v-heads that stay resident through a call without CP: the sequences' chunks over the
+// longest one's, times Hv (N Hv at equal lengths); 0 without host lengths.
+double resident_items(const Inputs& in);
 // The cut of the shard phases (ShardPhase), which always run segments: the planner's (also when
 // the caller turned CP off), else one segment per sequence.
 CpDecision decide_shard_cp(const Inputs& in, const plan::CostModel& model = {});
@@ -49,9 +53,24 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 // Which fused forward kernel runs: kAuto = the register-state kernel (fused_forward_rs.cuh) with the
 // bf16 inverse in forward_with (launch_forward_passes, which the backward calls too: the wgmma
 // kernel), the mma.sync kernel when a V split is forced; kMmaSync = fused_forward.cuh (mma.sync,
-// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (neither for passes
-// that write chunk_states: those run the wgmma kernel).
-enum class FusedKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWarpSpecialized = 3, kRegisterState = 4 };
+// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh,
+// kInverseInside = fused_forward_inv.cuh (none of the last three for passes that write chunk_states:
+// those run the wgmma kernel).
+enum class FusedKernel : int32_t {
+  kAuto = 0,
+  kMmaSync = 1,
+  kWgmma = 2,
+  kWarpSpecialized = 3,
+  kRegisterState = 4,
+  kInverseInside = 5
+};
+
+// The fused forward kAuto takes with the bf16 inverse: v5 (the inverse inside) where no CP runs and
+// the resident items fill 90% of the SMs, else v4 (register state). Measured (bench/notes.md,
+// session 10): v5 is 5-19% faster on full-wave rows, up to 12% slower where one long sequence
+// leaves half of the SMs idle for most of the call (the chunk inverse's pass is cheap there and v5's
+// chunk step is longer).
+FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase);
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
 // (ShardPhase::kMaps); up to the state pass (the backward's kMaps); from the correction on

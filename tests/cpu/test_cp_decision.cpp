@@ -1,6 +1,7 @@
 // The forward's context-parallelism decision (runtime/forward.cpp, decide_cp): segment counts with
-// host lengths (exact) and without (a bound), forced and automatic modes. Host code only; built
-// when the kernels are.
+// host lengths (exact) and without (a bound), forced and automatic modes; and the fused kernel the
+// automatic choice takes (auto_forward_kernel: v5 where the resident items fill the GPU without CP).
+// Host code only (no GPU: 132 SMs assumed); built when the kernels are.
 #ifdef FLASHGDN_WITH_KERNELS
 #include <gtest/gtest.h>
 
@@ -66,6 +67,31 @@ TEST(CpDecision, AutoSplitsOneLongSequenceOverFewHeads) {
 
 TEST(CpDecision, AutoKeepsManySequencesWhole) {
   EXPECT_FALSE(decide_cp(batch_inputs(64, 2048, 32, ContextParallel::kAuto)).enabled);
+}
+
+TEST(AutoForwardKernel, ResidentItemsWeighLengths) {
+  EXPECT_DOUBLE_EQ(resident_items(batch_inputs(4, 8192, 32, ContextParallel::kAuto)), 128.0);
+  const std::vector<int64_t> cu{0, 28672, 32768};  // 448 and 64 chunks
+  int32_t device_stand_in = 0;
+  Inputs in = batch_inputs(1, 32768, 64, ContextParallel::kAuto);
+  in.varlen = {&device_stand_in, DType::kI32, 2, cu.data()};
+  EXPECT_NEAR(resident_items(in), (448.0 + 64.0) / 448.0 * 64, 1e-9);
+  in.varlen = {&device_stand_in, DType::kI32, 2, nullptr};  // lengths unknown
+  EXPECT_EQ(resident_items(in), 0.0);
+}
+
+TEST(AutoForwardKernel, InverseInsideOnlyForFullWavesWithoutCp) {
+  const Inputs full = batch_inputs(4, 8192, 32, ContextParallel::kAuto);  // 128 of 132 SMs
+  EXPECT_EQ(auto_forward_kernel(full, false, ShardPhase::kNone), FusedKernel::kInverseInside);
+  EXPECT_EQ(auto_forward_kernel(full, true, ShardPhase::kNone), FusedKernel::kRegisterState);
+  EXPECT_EQ(auto_forward_kernel(full, false, ShardPhase::kMaps), FusedKernel::kRegisterState);
+  const Inputs few = batch_inputs(2, 8192, 48, ContextParallel::kAuto);  // 96
+  EXPECT_EQ(auto_forward_kernel(few, false, ShardPhase::kNone), FusedKernel::kRegisterState);
+  const std::vector<int64_t> cu{0, 28672, 32768};  // 73 resident of 128 items
+  int32_t device_stand_in = 0;
+  Inputs mixed = batch_inputs(1, 32768, 64, ContextParallel::kAuto);
+  mixed.varlen = {&device_stand_in, DType::kI32, 2, cu.data()};
+  EXPECT_EQ(auto_forward_kernel(mixed, false, ShardPhase::kNone), FusedKernel::kRegisterState);
 }
 
 }  // namespace

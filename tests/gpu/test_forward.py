@@ -187,9 +187,10 @@ def test_v_split_bitwise(seed, case):
 
 @pytest.mark.parametrize("case", ["batch", "varlen", "v_first_fp16", "cp", "gva_strong", "zero_no_h0"])
 def test_wgmma_and_mma_sync_kernels(seed, case):
-    """The four fused kernels, mma.sync, wgmma (the reference here), warp-specialized wgmma (WY form) and
-    warp-specialized with the state in registers (WY form, transposed): each within tolerance of the
-    oracle, and of wgmma (the same algebra in another accumulation order)."""
+    """The five fused kernels, mma.sync, wgmma (the reference here), warp-specialized wgmma (WY form),
+    warp-specialized with the state in registers (WY form, transposed) and the same with the chunk
+    inverse inside: each within tolerance of the oracle, and of wgmma (the same algebra in another
+    accumulation order)."""
     cu, mode, vk, dtype, regime, h0 = None, 1, case == "v_first_fp16", torch.bfloat16, "model", True
     shape = (2, 700, 2, 4)
     if case == "v_first_fp16":
@@ -212,29 +213,31 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
         x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
     N = x["q"].shape[0] if cu is None else cu.numel() - 1
     outs = []
-    for kernel in (1, 2, 3, 4):
+    for kernel in (1, 2, 3, 4, 5):
         o = torch.full_like(x["v"], float("nan"))
         final = torch.full((N, x["v"].shape[2], 128, 128), float("nan"), device="cuda")
         forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5,
                      False, vk, False, None, mode, 4, kernel=kernel)
         print(f"kernel {kernel}:", check(x, o, final, cu_seqlens=cu, state_v_first=vk))
         outs.append((o, final))
-    for name, other in (("mma.sync", outs[0]), ("warp-specialized", outs[2]), ("register state", outs[3])):
+    for name, other in (("mma.sync", outs[0]), ("warp-specialized", outs[2]), ("register state", outs[3]),
+                        ("inverse inside", outs[4])):
         gap_o, gap_s = rel_l2(other[0], outs[1][0]), rel_l2(other[1], outs[1][1])
         print(f"{name} vs wgmma: o {gap_o:.2e} state {gap_s:.2e}")
         assert gap_o <= 1e-2 and gap_s <= 1e-2
     with pytest.raises(ValueError, match="kernel"):
-        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, kernel=5)
-    with pytest.raises(ValueError, match="bf16 inverse"):
-        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, inverse_fp32=True,
-                     kernel=4)
-    for kernel in (2, 3, 4):
+        forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, kernel=6)
+    for kernel in (4, 5):
+        with pytest.raises(ValueError, match="bf16 inverse"):
+            forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0,
+                         inverse_fp32=True, kernel=kernel)
+    for kernel in (2, 3, 4, 5):
         with pytest.raises(ValueError, match="v_split"):
             forward_into(outs[0][0], None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, cu, 1.0, v_split=2,
                          kernel=kernel)
 
 
-@pytest.mark.parametrize("kernel", [0, 3, 4])
+@pytest.mark.parametrize("kernel", [0, 3, 4, 5])
 @pytest.mark.parametrize("context_parallel, strided", [(1, False), (2, False), (1, True)])
 def test_state_pools(seed, context_parallel, strided, kernel):
     """Initial states read from pool slots and final states written to pool slots (one pool, in
@@ -263,7 +266,7 @@ def test_state_pools(seed, context_parallel, strided, kernel):
         assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
 
 
-@pytest.mark.parametrize("kernel", [0, 3, 4])
+@pytest.mark.parametrize("kernel", [0, 3, 4, 5])
 @pytest.mark.parametrize("context_parallel, every, v_split", [(1, 2, 0), (2, 2, 0), (2, 3, 1), (1, 1, 1)])
 def test_state_checkpoints(seed, context_parallel, every, v_split, kernel):
     """The state after every `every` chunks of each sequence, in the documented rows, equal to a

@@ -1,5 +1,5 @@
 // GPU unit test of the wgmma primitives (src/kernels/sm90/wgmma.cuh): D[64,N] = A[64,128] @
-// B[128,N] through eight m64nNk16 steps (N 128 and 64), for every operand-major combination with A
+// B[128,N] through eight m64nNk16 steps (N 128, 64 and 32), for every operand-major combination with A
 // from shared memory (SS) and with A from registers (RS), against a host GEMM of the same bf16 values.
 // Exit codes: 0 all pass, 1 a mismatch (each variant's error is printed), 77 no sm_90 GPU (ctest
 // reports a skip: CI has no GPU).
@@ -85,7 +85,7 @@ bool run(const char* name, const Bf16Gemm& gemm) {
 
 int main() {
   if (!have_sm90_device()) return kSkipped;
-  const Bf16Gemm gemm(M, 128, K, 1234), narrow(M, 64, K, 4321);
+  const Bf16Gemm gemm(M, 128, K, 1234), narrow(M, 64, K, 4321), n32(M, 32, K, 987);
   bool ok = true;
   ok &= run<128, Major::kK, Major::kK, false>("SS A K-major, B K-major", gemm);
   ok &= run<128, Major::kK, Major::kMN, false>("SS A K-major, B N-major", gemm);
@@ -96,5 +96,6 @@ int main() {
   ok &= run<64, Major::kMN, Major::kK, false>("n64 SS A M-major, B K-major", narrow);
   ok &= run<64, Major::kK, Major::kK, true>("n64 RS B K-major", narrow);
   ok &= run<64, Major::kK, Major::kMN, true>("n64 RS B N-major", narrow);
+  ok &= run<32, Major::kK, Major::kK, false>("n32 SS A K-major, B K-major", n32);
   return ok ? 0 : 1;
 }

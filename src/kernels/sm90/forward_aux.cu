@@ -3,8 +3,11 @@
 //   item_offsets    one block: exclusive prefix sum over the sequences of their chunks or CP
 //                   segments (varlen)
 //   zero_padding    grid-stride: o rows of tokens past cu_seqlens[N] set to zero (varlen)
+//   chunk_gates     one warp per (chunk, v-head): the chunk's gate record (chunk_gates.cuh) for the
+//                   forward that forms A_r itself (fused_forward_inv.cuh)
 #include <cuda_runtime.h>
 
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -81,7 +84,23 @@ __global__ void zero_padding_kernel(const ForwardParams p) {
   }
 }
 
+// Grid (max_chunks, Hv / 4), block 128: warp w writes the record of v-head 4 blockIdx.y + w.
+__global__ void chunk_gates_kernel(const ForwardParams p) {
+  const int h = 4 * blockIdx.y + threadIdx.x / 32;
+  ChunkLocation where;
+  if (h >= p.num_v_heads || !locate_chunk(p, blockIdx.x, where)) return;
+  const ChunkGates gates = fetch_chunk_gates(p, where.seq.batch, where.first_token, where.rows, h);
+  float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
+  store_chunk_gates(record, record + kChunk, gates);
+}
+
 }  // namespace
+
+cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream) {
+  if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
+  chunk_gates_kernel<<<dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + 3) / 4), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 template <ElemKind E>
 cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, int64_t heads,

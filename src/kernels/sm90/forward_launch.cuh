@@ -7,6 +7,7 @@
 #include "kernels/sm90/chunk_inverse.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_forward.cuh"
+#include "kernels/sm90/fused_forward_inv.cuh"
 #include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/fused_forward_ws.cuh"
@@ -65,6 +66,16 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
   if (items == 0 || p.num_v_heads == 0) return cudaSuccess;
   using Elem = ElemType<E>;
   using InverseT = InverseType<I>;
+  if (p.inverse_inside) {  // bf16 Ag only (runtime/forward.cpp refuses the fp32 inverse)
+    if constexpr (std::is_same_v<InverseT, float>)
+      return cudaErrorInvalidValue;
+    else {
+      ForwardTileMaps maps;  // q, k, v (its inverse map is unused)
+      if (p.chunk_gates == nullptr || encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+      return launch_per_item<FusedForwardInv<Elem>>(fused_forward_inv_kernel<Elem>, p, items, 1, stream, maps);
+    }
+  }
   if (p.register_state) {  // bf16 inverse only (runtime/forward.cpp refuses the fp32 one)
     if constexpr (std::is_same_v<InverseT, float>)
       return cudaErrorInvalidValue;

@@ -169,8 +169,9 @@ struct FusedForwardWs {
   }
 
   // P [64,64] = G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
-  // this thread's rows r, r + 8 and its columns, column_values).
-  static __device__ __forceinline__ void product_p(Slot& slot, const float (&g_rows)[2], const float (&g_col)[16]) {
+  // this thread's rows r, r + 8 and its columns, column_values); any slot with q, k and p tiles.
+  template <typename AnySlot>
+  static __device__ __forceinline__ void product_p(AnySlot& slot, const float (&g_rows)[2], const float (&g_col)[16]) {
     Acc qk;
     wg::fence();
 #pragma unroll

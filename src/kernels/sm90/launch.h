@@ -60,6 +60,10 @@ cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t str
 // v-head) into segment_grad_ends[j - 1].
 cudaError_t launch_cp_grad_correction(const BackwardParams& p, cudaStream_t stream);
 
+// The gate record of every (chunk, v-head) into p.chunk_gates (chunk_gates.cuh), for the forward
+// that forms A_r itself (p.inverse_inside) in place of the chunk inverse.
+cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream);
+
 // o rows of tokens past cu_seqlens[num_seqs] set to zero (varlen only).
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream);
 

@@ -58,6 +58,8 @@ struct ForwardParams {
   bool wgmma = false;                // fused forward: the wgmma kernel (fused_forward_wg.cuh, v_split 1)
   bool warp_specialized = false;     // fused forward: the warp-specialized kernel (fused_forward_ws.cuh)
   bool register_state = false;       // fused forward: the register-state kernel (fused_forward_rs.cuh)
+  bool inverse_inside = false;       // fused forward: the kernel forming A_r itself (fused_forward_inv.cuh;
+                                     // chunk_gates from launch_chunk_gates, no chunk inverse)
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   bool gated_inverse = false;        // the chunk inverse writes Ag = G (.) A_r (.) 1 beta^T in the input
                                      // dtype instead of A_r (the v4 forward, which TMAs it into place)

@@ -293,6 +293,9 @@ struct SplitTile {
     *reinterpret_cast<uint32_t*>(&hi[row * kPitch + col]) = h;
     *reinterpret_cast<uint32_t*>(&lo[row * kPitch + col]) = l;
   }
+  __device__ __forceinline__ float value(int row, int col) const {
+    return __bfloat162float(hi[row * kPitch + col]) + __bfloat162float(lo[row * kPitch + col]);
+  }
   // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read per part.
   template <int kCount>
   __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {

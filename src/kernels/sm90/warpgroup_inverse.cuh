@@ -5,14 +5,14 @@
 // Tested on the GPU by tests/gpu_unit/warpgroup_inverse_test.cu (float64 reference, cycles).
 //
 // Layout: warp w owns the accumulator's 16-row band w (wgmma.cuh), which is block row w of the
-// 16 x 16 block structure (X_ij: block row i, block column j). Workspace in shared memory (40 KiB):
-// L and X kept split for bf16x3 (warp_mma.cuh SplitTile: bf16 hi + lo [64][72] each) and L's
-// diagonal blocks in fp32 [4][16][16]. X's blocks above the diagonal are never formed (read them as 0).
+// 16 x 16 block structure (X_ij: block row i, block column j). In shared memory: the workspace
+// (22 KiB: L split for bf16x3, warp_mma.cuh SplitTile bf16 hi + lo [64][72], and L's diagonal blocks
+// in fp32 [4][16][16], transposed) and X's split tile (18 KiB), which the caller places. X's blocks above the diagonal are never formed (read them as 0).
 // Stages, the last three separated by the warpgroup's named barrier:
-//   1. store_l (warp w): its band of L, split, and its diagonal block L_ww in fp32 (beta applied to
-//      the rows here, once)
-//   2. X_ww = (I + L_ww)^{-1} (warp w, lane c < 16: column c by forward substitution in fp32
-//      registers; the entries above the diagonal come out as exact zeros)
+//   1. store_l (warp w): its band of L left of the diagonal block, split, and L_ww in fp32 (beta
+//      applied to the rows here, once)
+//   2. X_ww = (I + L_ww)^{-1} (warp w, lane c < 16: column c by column-oriented forward
+//      substitution in fp32 registers; the entries above the diagonal come out as exact zeros)
 //   3. 16 -> 32 (warp w: block b = 1 + 2 (w / 2), the 8 columns n = 16 (b - 1) + 8 (w % 2) ..):
 //        T [16,8]      = L_{b,b-1} [16,16] @ X_{b-1,b-1}[:, n] [16,8]
 //        X_{b,b-1}[:, n] = -X_bb [16,16] @ T
@@ -21,7 +21,8 @@
 //        T_m [16,8]  = sum_kb L_{m,kb} @ X_{kb}[:, n]     m = 2, 3; kb = n / 16 .. 1 (X_A's zeros skipped)
 //        X_{2}[:, n] = -X_22 @ T_2;   X_{3}[:, n] = -(X_32 @ T_2 + X_33 @ T_3)
 //      T stays in registers as the next product's B fragment (movmatrix), so a level needs no
-//      barrier inside it. Products in bf16x3 (about 2^-16 relative error each, fp32 accumulation).
+//      barrier inside it. Products in bf16x3 (about 2^-16 relative error each, fp32 accumulation),
+//      its three terms in separate accumulators (Terms: three short mma chains).
 #pragma once
 
 #include "kernels/sm90/params.h"
@@ -34,17 +35,19 @@ struct WarpgroupInverse {
   using Split = SplitTile<kChunk, kPitch>;
 
   struct Workspace {
-    Split l;                   // diag(beta) StrictLower(K K^T)
-    Split x;                   // X on and below the block diagonal
-    float l_diag[4][16][16];   // L's diagonal blocks in fp32
+    Split l;                    // diag(beta) StrictLower(K K^T)
+    float l_diag_t[4][16][16];  // L's diagonal blocks in fp32, transposed: [w][j][i] = L_ww[i][j]
   };
+  // X itself is a separate Split tile (on and below the block diagonal), so that a kernel can keep
+  // one per pipeline slot.
 
   static __device__ __forceinline__ void sync(int barrier) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
   }
 
   // Stage 1: kk is the m64n64 accumulator of K K^T (wgmma.cuh layout), beta the chunk's 64 betas
-  // (0 past its end); warp w writes band w of L and L_ww.
+  // (0 past its end); warp w writes the blocks of band w the later stages read: those left of the
+  // diagonal split into ws.l, L_ww in fp32 into ws.l_diag_t (the rest of ws.l is never read).
   static __device__ __forceinline__ void store_l(Workspace& ws, const float (&kk)[32], const float* beta) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
@@ -54,86 +57,119 @@ struct WarpgroupInverse {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = 8 * j + 2 * (lane % 4);
-        const float l0 = row > col ? beta_row * kk[4 * j + 2 * h] : 0.f;
-        const float l1 = row > col + 1 ? beta_row * kk[4 * j + 2 * h + 1] : 0.f;
-        ws.l.store_pair(row, col, l0, l1);
-        if (j / 2 == warp) *reinterpret_cast<float2*>(&ws.l_diag[warp][row % 16][col % 16]) = make_float2(l0, l1);
+        const float l0 = beta_row * kk[4 * j + 2 * h], l1 = beta_row * kk[4 * j + 2 * h + 1];
+        if (j / 2 < warp) {  // warp-uniform
+          ws.l.store_pair(row, col, l0, l1);
+        } else if (j / 2 == warp) {
+          ws.l_diag_t[warp][col % 16][row % 16] = row > col ? l0 : 0.f;
+          ws.l_diag_t[warp][col % 16 + 1][row % 16] = row > col + 1 ? l1 : 0.f;
+        }
       }
     }
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
-  // Stages 2-4; X complete in ws.x when it returns (all 128 threads pass `barrier`).
-  static __device__ __forceinline__ void invert(Workspace& ws, int barrier) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    // 2. X_ww[:, c] solves (I + L_ww) x = e_c.
-    if (lane < 16) {
-      const float(&l_ww)[16][16] = ws.l_diag[warp];
-      const int base = 16 * warp;
-      float x[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        float dot = 0.f;
-#pragma unroll
-        for (int j = 0; j < i; ++j) dot += l_ww[i][j] * x[j];
-        x[i] = (i == lane ? 1.f : 0.f) - dot;
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) ws.x.store(base + i, base + lane, x[i]);
-    }
+  // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`).
+  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier) {
+    invert_diagonal(ws, x);
     sync(barrier);
-
-    // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
-    {
-      const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
-      float t[4] = {0.f, 0.f, 0.f, 0.f};
-      SplitA a;
-      SplitB x_block;
-      ws.l.a_fragment(a, r0, r0 - 16);
-      ws.x.b_fragment(x_block, r0 - 16, n0);
-      mma_bf16x3(t, a, x_block);
-      ws.x.a_fragment(a, r0, r0);
-      float x_new[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_bf16x3(x_new, a, accumulator_as_b(t));
-      store_negated(ws.x, r0, n0, x_new);
-    }
+    merge_16_to_32(ws, x);
     sync(barrier);
-
-    // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
-    {
-      const int n0 = 8 * warp, first_kb = n0 / 16;
-      float t2[4] = {0.f, 0.f, 0.f, 0.f}, t3[4] = {0.f, 0.f, 0.f, 0.f};
-      SplitA a;
-      SplitB x_block;
-#pragma unroll
-      for (int kb = 0; kb < 2; ++kb) {
-        if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
-        ws.x.b_fragment(x_block, 16 * kb, n0);
-        ws.l.a_fragment(a, 32, 16 * kb);
-        mma_bf16x3(t2, a, x_block);
-        ws.l.a_fragment(a, 48, 16 * kb);
-        mma_bf16x3(t3, a, x_block);
-      }
-      const SplitB t2_b = accumulator_as_b(t2), t3_b = accumulator_as_b(t3);
-      float x2[4] = {0.f, 0.f, 0.f, 0.f}, x3[4] = {0.f, 0.f, 0.f, 0.f};
-      ws.x.a_fragment(a, 32, 32);
-      mma_bf16x3(x2, a, t2_b);
-      ws.x.a_fragment(a, 48, 32);
-      mma_bf16x3(x3, a, t2_b);
-      ws.x.a_fragment(a, 48, 48);
-      mma_bf16x3(x3, a, t3_b);
-      store_negated(ws.x, 32, n0, x2);
-      store_negated(ws.x, 48, n0, x3);
-    }
+    merge_32_to_64(ws, x);
     sync(barrier);
   }
 
+  // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
+  //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
+  //    L_ww's column j read as broadcast float4 vectors of the transposed block.
+  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Split& x_tile) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    if (lane >= 16) return;
+    const float(&l_t)[16][16] = ws.l_diag_t[warp];
+    const int base = 16 * warp;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = i == lane ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < 15; ++j)
+#pragma unroll
+      for (int v = (j + 1) / 4; v < 4; ++v) {  // column j of L_ww, rows 4 v .. 4 v + 3: one broadcast vector
+        const float4 l = *reinterpret_cast<const float4*>(&l_t[j][4 * v]);
+        const float column[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (4 * v + e > j) x[4 * v + e] -= column[e] * x[j];
+      }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
+  }
+
+  // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
+  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Split& x) {
+    const int warp = (threadIdx.x / 32) % 4;
+    const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
+    SplitA a;
+    SplitB x_block;
+    Terms t, x_new;
+    ws.l.a_fragment(a, r0, r0 - 16);
+    x.b_fragment(x_block, r0 - 16, n0);
+    t.add(a, x_block);
+    x.a_fragment(a, r0, r0);
+    x_new.add(a, t.as_b());
+    store_negated(x, r0, n0, x_new);
+  }
+
+  // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
+  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Split& x) {
+    const int warp = (threadIdx.x / 32) % 4;
+    const int n0 = 8 * warp, first_kb = n0 / 16;
+    SplitA a;
+    SplitB x_block;
+    Terms t2, t3;
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+      if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
+      x.b_fragment(x_block, 16 * kb, n0);
+      ws.l.a_fragment(a, 32, 16 * kb);
+      t2.add(a, x_block);
+      ws.l.a_fragment(a, 48, 16 * kb);
+      t3.add(a, x_block);
+    }
+    const SplitB t2_b = t2.as_b(), t3_b = t3.as_b();
+    Terms x2, x3;
+    x.a_fragment(a, 32, 32);
+    x2.add(a, t2_b);
+    x.a_fragment(a, 48, 32);
+    x3.add(a, t2_b);
+    x.a_fragment(a, 48, 48);
+    x3.add(a, t3_b);
+    store_negated(x, 32, n0, x2);
+    store_negated(x, 48, n0, x3);
+  }
+
  private:
-  // -acc ([16,8] C fragment at (r0, n0)) into a split tile.
-  static __device__ __forceinline__ void store_negated(Split& tile, int r0, int n0, const float (&acc)[4]) {
+  // A bf16x3 [16,8] product accumulated as its three terms (hi.hi, hi.lo, lo.hi) in separate
+  // accumulators: three independent mma chains instead of one three times as long.
+  struct Terms {
+    float hh[4] = {0.f, 0.f, 0.f, 0.f}, hl[4] = {0.f, 0.f, 0.f, 0.f}, lh[4] = {0.f, 0.f, 0.f, 0.f};
+    __device__ __forceinline__ void add(const SplitA& a, const SplitB& b) {
+      mma_16816<__nv_bfloat16>(hh, a.hi, b.hi[0], b.hi[1]);
+      mma_16816<__nv_bfloat16>(hl, a.hi, b.lo[0], b.lo[1]);
+      mma_16816<__nv_bfloat16>(lh, a.lo, b.hi[0], b.hi[1]);
+    }
+    __device__ __forceinline__ float value(int e) const { return hh[e] + (hl[e] + lh[e]); }
+    // The sum as the B fragment of a next product (warp_mma.cuh accumulator_as_b).
+    __device__ __forceinline__ SplitB as_b() const {
+      const float sum[4] = {value(0), value(1), value(2), value(3)};
+      return accumulator_as_b(sum);
+    }
+  };
+
+  // -(the [16,8] product at (r0, n0)) into a split tile.
+  static __device__ __forceinline__ void store_negated(Split& tile, int r0, int n0, const Terms& acc) {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
-    tile.store_pair(row, col, -acc[0], -acc[1]);
-    tile.store_pair(row + 8, col, -acc[2], -acc[3]);
+    tile.store_pair(row, col, -acc.value(0), -acc.value(1));
+    tile.store_pair(row + 8, col, -acc.value(2), -acc.value(3));
   }
 };
 

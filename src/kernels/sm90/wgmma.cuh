@@ -80,12 +80,15 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 #define FLASHGDN_WG_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define FLASHGDN_WG_ACC16_OPERANDS \
+  FLASHGDN_WG_ACC4(0), FLASHGDN_WG_ACC4(4), FLASHGDN_WG_ACC4(8), FLASHGDN_WG_ACC4(12)
 #define FLASHGDN_WG_ACC32_OPERANDS                                                                  \
   FLASHGDN_WG_ACC4(0), FLASHGDN_WG_ACC4(4), FLASHGDN_WG_ACC4(8), FLASHGDN_WG_ACC4(12), FLASHGDN_WG_ACC4(16), \
       FLASHGDN_WG_ACC4(20), FLASHGDN_WG_ACC4(24), FLASHGDN_WG_ACC4(28)
 #define FLASHGDN_WG_ACC64_OPERANDS                                                                            \
   FLASHGDN_WG_ACC32_OPERANDS, FLASHGDN_WG_ACC4(32), FLASHGDN_WG_ACC4(36), FLASHGDN_WG_ACC4(40),                 \
       FLASHGDN_WG_ACC4(44), FLASHGDN_WG_ACC4(48), FLASHGDN_WG_ACC4(52), FLASHGDN_WG_ACC4(56), FLASHGDN_WG_ACC4(60)
+#define FLASHGDN_WG_ACC16_LIST "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FLASHGDN_WG_ACC32_LIST                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -102,11 +105,11 @@ __device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.pr
                : OPERANDS                                                                                  \
                : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB))
 
-// d[N/2] (+)= A[64,16] @ B[16,N], both from shared memory; Elem bf16 or fp16, N 64 or 128.
+// d[N/2] (+)= A[64,16] @ B[16,N], both from shared memory; Elem bf16 or fp16, N 32, 64 or 128.
 // accumulate == false: d = A @ B.
 template <typename Elem, int N, Major kMajorA, Major kMajorB>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+  static_assert(N == 32 || N == 64 || N == 128, "m64n32k16, m64n64k16 or m64n128k16");
   constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
   static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
   constexpr int kTransA = kMajorA == Major::kMN ? 1 : 0;
@@ -117,12 +120,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
   } else if constexpr (N == 128) {
     FLASHGDN_WG_SS("m64n128k16.f32.f16.f16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS, "%64, %65", "%66",
                    "%67, %68");
-  } else if constexpr (kBF16) {
+  } else if constexpr (N == 64 && kBF16) {
     FLASHGDN_WG_SS("m64n64k16.f32.bf16.bf16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS, "%32, %33", "%34",
                    "%35, %36");
-  } else {
+  } else if constexpr (N == 64) {
     FLASHGDN_WG_SS("m64n64k16.f32.f16.f16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS, "%32, %33", "%34",
                    "%35, %36");
+  } else if constexpr (kBF16) {
+    FLASHGDN_WG_SS("m64n32k16.f32.bf16.bf16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS, "%16, %17", "%18",
+                   "%19, %20");
+  } else {
+    FLASHGDN_WG_SS("m64n32k16.f32.f16.f16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS, "%16, %17", "%18",
+                   "%19, %20");
   }
 }
 
@@ -158,8 +167,10 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
 }
 
 #undef FLASHGDN_WG_ACC4
+#undef FLASHGDN_WG_ACC16_OPERANDS
 #undef FLASHGDN_WG_ACC32_OPERANDS
 #undef FLASHGDN_WG_ACC64_OPERANDS
+#undef FLASHGDN_WG_ACC16_LIST
 #undef FLASHGDN_WG_ACC32_LIST
 #undef FLASHGDN_WG_ACC64_LIST
 #undef FLASHGDN_WG_SS

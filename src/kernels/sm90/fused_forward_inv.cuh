@@ -1,0 +1,411 @@
+// Fused chunked forward with the chunk inverse inside (v5, sm_90a; FusedKernel::kInverseInside):
+// v4's work items, state groups (S^T in registers as the RS wgmma A operand) and TMA ring, with the
+// aux group forming A_r itself (warpgroup_inverse.cuh), so that no chunk-inverse kernel runs and no
+// A_r round trip goes through HBM; only the chunk's gate record comes from a pre-pass
+// (chunk_gates_kernel, forward_aux.cu).
+//
+// Math (transposed, rows of S^T are value columns; Gamma = diag(2^gcum), gcum in log2 units):
+//   U^T  [64v, 64t] = S^T K^T                        the state's product with this chunk's keys
+//   W^T  [64v, 64t] = V^T - U^T Gamma                 W = V - Gamma K S
+//   Vd^T [64v, 64t] = W^T Ag^T                        Ag = G (.) A_r (.) 1 beta^T  (from the aux)
+//   O^T  [64v, 64t] = scale ((S^T Q^T) Gamma + Vd^T P^T),   S^T' = e^gamma S^T + (Vd^T diag(rho)) K
+// So the state groups' chain has one product more than v4's (U^T, then Vd^T: v4 got -W~ = -B~ K from
+// its aux), and the aux has no -B~ and -W~ but K K^T and the inverse; P and Ag, which v4's aux made,
+// are formed by the state groups (half each), where they overlap the groups' own wgmmas.
+//
+// Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's boxes (K, Q with o, V
+//         unless zero_v: two 64-column panels each) and gate record (gcum | beta) into slot c % 2 on
+//         loaded[c % 2], chunk c+1's as soon as the state groups free its slot (v4's ring). Per chunk:
+//           wait loaded; a partial chunk's rows past its end zeroed; group barrier
+//           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
+//           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
+//           ready[c % 2]
+//   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
+//         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready:
+//           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
+//           W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
+//           Ag's columns 32 g .. 32 g + 31 = G (.) X (.) 1 beta^T (X by ldmatrix) -> slot.ag, and
+//                  both state groups' barrier (Ag whole)
+//           Vd^T = W^T @ Ag^T (RS, 4);  QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only)
+//           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
+//           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
+//           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
+//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+// Shared memory (219 KiB): slots [2] of {k, q, v [64][128]; p, ag [64][64]} (64 KiB each); o [2][64]
+// [128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta [2][64] fp32; mbarriers ready[2] (128
+// arrivals), free[2] (256), loaded[2] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
+// group g, 4 both state groups.
+#pragma once
+
+#include "kernels/sm90/fused_forward_rs.cuh"
+#include "kernels/sm90/warpgroup_inverse.cuh"
+
+namespace flashgdn::kern {
+
+template <typename Elem>
+struct FusedForwardInv {
+  using Rs = FusedForwardRs<Elem, __nv_bfloat16>;  // state-group helpers (fragments, o, checkpoints)
+  using Aux = typename Rs::Aux;                     // product_p, column_values, chunk_rows, group_sync
+  using Tiles = typename Rs::Tiles;                 // accumulator coordinates, stmatrix epilogues, o copy
+  using Inverse = WarpgroupInverse;
+  static constexpr int kThreads = 384;
+  static constexpr int kAuxRegisters = 120, kStateRegisters = 192;
+  static_assert(kAuxRegisters + 2 * kStateRegisters <= 3 * 168, "more than the CTA's registers");
+  static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;
+  static constexpr int kPanelBytes = Tiles::kPanelBytes;
+  using Major = wg::Major;
+  using Acc = float[32];
+  using PartAcc = float[16];  // m64n32 accumulator
+  using StateAcc = float[64];
+  static constexpr int kStateBarrier = 4;  // named barrier of both state groups (256 threads)
+  using Fragments = uint32_t[4];
+
+  struct Slot {
+    alignas(1024) unsigned char k[kTokenTileBytes];
+    alignas(1024) unsigned char q[kTokenTileBytes];
+    alignas(1024) unsigned char v[kTokenTileBytes];
+    alignas(1024) unsigned char p[Tiles::kSquareTileBytes];
+    alignas(1024) unsigned char ag[Tiles::kSquareTileBytes];
+  };
+  struct SharedStorage {
+    Slot slot[2];
+    alignas(1024) unsigned char o[2][kTokenTileBytes];
+    Inverse::Workspace inverse;
+    Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
+    alignas(16) float gcum[2][kChunk];
+    alignas(16) float beta[2][kChunk];
+    alignas(8) uint64_t ready[2];
+    alignas(8) uint64_t free[2];
+    alignas(8) uint64_t loaded[2];
+  };
+  static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
+  // ---- aux group ------------------------------------------------------------------------------
+
+  // K K^T of the slot's keys (m64n64 accumulator, wgmma.cuh layout).
+  static __device__ __forceinline__ void product_kk(const Slot& slot, Acc& kk) {
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(slot.k, k0, kChunk),
+                                                 wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(kk);
+  }
+
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
+                                                 SharedStorage& s, bool with_o, int hk, int h) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int b = static_cast<int>(item.batch);
+    const bool load_v = !item.zero_v;
+    if (threadIdx.x == 0) {
+      tma::barrier_init(&s.loaded[0], 1);
+      tma::barrier_init(&s.loaded[1], 1);
+      tma::fence_barrier_init();
+    }
+    if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
+      for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
+    Aux::group_sync(Aux::kAuxBarrier);
+
+    constexpr uint32_t kGateBytes = kChunk * sizeof(float);
+    const uint32_t bytes = kPanelBytes * (2 + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
+    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
+      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
+      Slot& slot = s.slot[buf];
+      uint64_t* loaded = &s.loaded[buf];
+      const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
+      tma::arrive_expect_bytes(loaded, bytes);
+      tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
+      tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
+      for (int panel = 0; panel < 2; ++panel) {
+        tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
+        if (with_o) tma::load_4d(slot.q + panel * kPanelBytes, &maps.q, loaded, 64 * panel, hk, t0, b);
+        if (load_v) tma::load_4d(slot.v + panel * kPanelBytes, &maps.v, loaded, 64 * panel, h, t0, b);
+      }
+    };
+    if (num_chunks > 0 && threadIdx.x == 0) issue(0);
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = static_cast<int>(c & 1);
+      Slot& slot = s.slot[buf];
+      const int rows = Aux::chunk_rows(item, c);
+      // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
+      bool next_issued = c + 1 >= num_chunks;
+      auto issue_next_if_free = [&] {
+        if (threadIdx.x == 0 && !next_issued &&
+            (c == 0 || tma::test_wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1)))) {
+          issue(c + 1);
+          next_issued = true;
+        }
+      };
+      timeline_mark(p, 0, c, 0);
+      issue_next_if_free();
+      tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 0, c, 1);
+      if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
+        Rs::zero_rows(slot.k, 2, rows);
+        if (with_o) Rs::zero_rows(slot.q, 2, rows);
+        if (load_v) Rs::zero_rows(slot.v, 2, rows);
+        wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
+        Aux::group_sync(Aux::kAuxBarrier);
+      }
+      timeline_mark(p, 0, c, 2);
+
+      {
+        Acc kk;
+        product_kk(slot, kk);
+        timeline_mark(p, 0, c, 3);
+        Inverse::store_l(s.inverse, kk, s.beta[buf]);
+      }
+      timeline_mark(p, 0, c, 4);
+      // X into x[buf]: chunk c-2's Ag was formed from it before the state groups freed this slot,
+      // which the loads just waited for came after.
+      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier);
+      timeline_mark(p, 0, c, 5);
+      tma::arrive(&s.ready[buf]);
+      timeline_mark(p, 0, c, 7);
+      issue_next_if_free();
+      if (threadIdx.x == 0 && !next_issued) {
+        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
+        issue(c + 1);
+      }
+      __syncwarp();
+    }
+  }
+
+  // ---- state groups ---------------------------------------------------------------------------
+
+  // W^T = V^T - U^T Gamma as the A fragments of Vd^T = W^T Ag^T (k over the chunk's tokens): V^T's
+  // 8 x 8 blocks come transposed by ldmatrix.trans from V's panel g (rows = tokens), block (column
+  // block j, row half hf) landing as this thread's accumulator pair (j, e = 2 hf): one x4 per k-step
+  // holds registers q = 0..3 of it (j = 2 ks + q / 2, hf = q % 2).
+  static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* gcum, const Acc& u,
+                                                     Fragments (&w)[4]) {
+    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
+    const int m = lane / 8;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t vt[4];
+      ldmatrix_x4_trans(vt, v_panel + wg::swizzled_offset(8 * (2 * ks + m / 2) + lane % 8, band + 8 * (m % 2)));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = 2 * ks + q / 2, x = 4 * j + 2 * (q % 2);
+        const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
+        const float2 v = Rs::unpack_pair(vt[q]);
+        w[ks][q] = pack_pair<Elem>(v.x - exp2_approx(g.x) * u[x], v.y - exp2_approx(g.y) * u[x + 1]);
+      }
+    }
+  }
+
+  // Ag = G (.) X (.) 1 beta^T on and below the diagonal: state group g's columns 32 g .. 32 g + 31
+  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's split tiles come by ldmatrix in the A-fragment
+  // layout of the warp's band (register q: rows + 8 (q % 2), columns 16 ks + 8 (q / 2) + c_lane),
+  // which is stmatrix_x4's order for column blocks 2 ks, 2 ks + 1; X's blocks above the block
+  // diagonal are never formed (selected away with the rest of the upper triangle).
+  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Split& x,
+                                                       const float* gcum, const float* beta, int group) {
+    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
+    const int r = band + lane / 4;
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+#pragma unroll 1  // one k-step's temporaries at a time: the state groups have few registers to spare
+    for (int half = 0; half < 2; ++half) {
+      const int ks = 2 * group + half;
+      uint32_t hi[4], lo[4];
+      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
+      ldmatrix_x4(hi, x.hi + at);
+      ldmatrix_x4(lo, x.lo + at);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
+        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
+        const int row = r + 8 * (q % 2), col = 16 * ks + 8 * (q / 2) + c_lane;
+        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * (h.x + l.x) * beta[col] : 0.f;
+        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * (h.y + l.y) * beta[col + 1] : 0.f;
+        hi[q] = pack_pair<Elem>(a0, a1);
+      }
+      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), hi);
+    }
+  }
+
+  // P [64,64] = G (.) (Q K^T), lower triangle with diagonal: state group g's 32 key columns
+  // 32 g .. 32 g + 31 (its m64n32 accumulator qk) into the P tile, by two stmatrix_x4.
+  static __device__ __forceinline__ void store_p_half(unsigned char* p_tile, const float* gcum, const PartAcc& qk,
+                                                      int group) {
+    const int r = Tiles::acc_row(0);
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int jj = j + m / 2, e = 2 * (m % 2), row = Tiles::acc_row(e), col = 32 * group + Tiles::acc_col(jj, e);
+        const float p0 = row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * qk[4 * jj + e] : 0.f;
+        const float p1 = row >= col + 1 ? exp2_approx(g_rows[e / 2] - gcum[col + 1]) * qk[4 * jj + e + 1] : 0.f;
+        regs[m] = pack_pair<Elem>(p0, p1);
+      }
+      stmatrix_x4(Tiles::fragment_rows(p_tile, 0, 4 * group + j), regs);
+    }
+  }
+
+  // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
+  template <bool kWithO>
+  static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int64_t b = item.batch;
+    const int col0 = 64 * group, barrier = 2 + group;
+    const int c_lane = 2 * (threadIdx.x % 4);
+
+    StateAcc st;
+    Rs::load_initial_state(item, col0, st);
+    Fragments st_frag[8];
+    Rs::template to_fragments<8>(st, st_frag);
+
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = static_cast<int>(c & 1);
+      const Slot& slot = s.slot[buf];
+      const int64_t t0 = item.bos + c * kChunk;
+      timeline_mark(p, 1, c, 0);
+      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+      timeline_mark(p, 1, c, 1);
+
+      // U^T = S^T K^T and QS^T = S^T Q^T (both done before W: S^T's fragments stay pinned while a
+      // product reading them runs, and beside W they would not fit).
+      Acc u, o;
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(slot.k, 16 * ks, kChunk), ks > 0);
+      if constexpr (kWithO) {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
+                                          ks > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(u);
+      wg::fence_operand(o);
+      const float* gcum = s.gcum[buf];
+      Acc vd;
+      PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
+      {
+        Fragments w[4];
+        w_fragments(slot.v + group * kPanelBytes, gcum, u, w);
+        // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
+        // or U^T it spills); both halves before Vd reads Ag.
+        store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[buf], group);
+        wg::fence_shared_to_async();
+        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
+        timeline_mark(p, 1, c, 6);
+        wg::fence();  // the fragment registers were just written
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_rs<Elem, 64, Major::kK>(vd, w[ks], wg::descriptor<Major::kK>(slot.ag, 16 * ks, kChunk), ks > 0);
+        if constexpr (kWithO) {
+#pragma unroll
+          for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+            wg::mma_ss<Elem, 32, Major::kK, Major::kK>(
+                qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
+                wg::descriptor<Major::kK>(slot.k + 32 * group * 128, k0, kChunk), k0 > 0);
+        }
+        wg::commit();
+        wg::wait<0>();
+      }
+      wg::fence_operand(vd);
+      wg::fence_operand(o);
+      wg::fence_operand(qk);
+      if constexpr (kWithO) store_p_half(s.slot[buf].p, gcum, qk, group);
+      timeline_mark(p, 1, c, 2);
+
+      // v4's epilogue (fused_forward_rs.cuh): (rho Vd)^T and Vd^T as A fragments, QS^T columns *=
+      // Gamma, S^T *= e^gamma.
+      const float gamma = gcum[kChunk - 1];
+      Fragments vd_decayed[4], vd_plain[4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
+          const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
+#pragma unroll
+          for (int q = 2 * half; q < 2 * half + 2; ++q) {
+            const int x = 8 * ks + 2 * q;
+            vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
+            if constexpr (kWithO) {
+              vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+              o[x] *= exp2_approx(g.x);
+              o[x + 1] *= exp2_approx(g.y);
+            }
+          }
+        }
+      const float decay = exp2_approx(gamma);
+#pragma unroll
+      for (int x = 0; x < 64; ++x) st[x] *= decay;
+      if constexpr (kWithO) {  // both halves of P written (and fenced) before O += Vd^T P^T reads them
+        wg::fence_shared_to_async();
+        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
+      }
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
+                                          true);
+      if constexpr (kWithO) {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
+                                          true);
+      }
+      wg::commit();
+      timeline_mark(p, 1, c, 3);
+      if (kWithO && c > 0) Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
+      wg::wait<0>();
+      wg::fence_operand(st);
+      wg::fence_operand(o);
+      timeline_mark(p, 1, c, 4);
+      tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
+
+      Rs::template to_fragments<8>(st, st_frag);
+      if constexpr (kWithO)
+        Rs::store_transposed(s.o[buf] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
+      const int64_t left = item.eos - t0;
+      Rs::store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
+      if constexpr (kWithO) Aux::group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
+      timeline_mark(p, 1, c, 5);
+    }
+    if (kWithO && num_chunks > 0) {  // the last chunk's o
+      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
+      Tiles::copy_out(p, s.o[last & 1] + group * kPanelBytes, b, t0, left < kChunk ? static_cast<int>(left) : kChunk,
+                      h, col0);
+    }
+    // The work item again (pure): not kept in registers across the loop.
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      Rs::store_state(final, col0, st);
+  }
+
+  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
+    extern __shared__ __align__(1024) unsigned char smem_inv[];
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_inv);
+    run_roles<kAuxRegisters, kStateRegisters>(
+        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
+        [&](bool with_o, int h, int group) {
+          if (with_o)
+            run_state<true>(p, s, h, group);
+          else
+            run_state<false>(p, s, h, group);
+        });
+  }
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(384, 1) fused_forward_inv_kernel(const __grid_constant__ ForwardParams p,
+                                                                   const __grid_constant__ ForwardTileMaps maps) {
+  FusedForwardInv<Elem>::run(p, maps);
+}
+
+}  // namespace flashgdn::kern
