@@ -30,14 +30,13 @@ CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32)]
 # Phases: (name, from event, to event) of each role (timeline.cuh). v4's TMA-fed aux group: "wait slot
 # free" is its first poll (it issues chunk c+1's loads there when the slot is free, never waits), "issue
 # loads, wait tiles" its wait for chunk c's loads, "-B~, -W~" includes a poll.
-AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles", 1, 2), ("gates, barrier", 2, 3),
-       ("Q K^T, P", 3, 4), ("Ag", 4, 5), ("-B~, -W~", 5, 6), ("store -W~, ready", 6, 7)]
+AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles, zero rows", 1, 2), ("Q K^T, P", 3, 4), ("Ag", 4, 5), ("-B~, -W~", 5, 6), ("store -W~, ready", 6, 7)]
 # (v3 copies chunk c-1's o out inside "Vd (+QS)", v4 inside "update (+P Vd)".)
 STATE = [("wait ready", 0, 1), ("Vd (+QS)", 1, 2), ("Vd epilogue, issue update", 2, 3), ("update (+P Vd)", 3, 4),
          ("epilogue, o, barrier", 4, 5)]
 # v5 (fused_forward_inv.cuh): the aux group forms A_r itself; its state groups take U^T and W^T before Vd^T.
-AUX_INV = [("issue loads, wait tiles", 0, 1), ("zero rows", 1, 2), ("K K^T", 2, 3), ("L", 3, 4), ("inverse", 4, 5),
-           ("ready", 5, 7)]
+AUX_INV = [("wait slot free", 0, 1), ("issue loads, wait tiles, zero rows", 1, 2), ("K K^T", 2, 3), ("L", 3, 4),
+           ("inverse", 4, 5), ("ready", 5, 7)]
 STATE_INV = [("wait ready", 0, 1), ("U, QS, W, Ag half, barrier", 1, 6), ("Vd, P", 6, 2),
              ("Vd epilogue, barrier, issue update", 2, 3), ("update (+P Vd)", 3, 4), ("epilogue, o, barrier", 4, 5)]
 KERNELS = {"ws": (3, AUX, STATE), "rs": (4, AUX, STATE), "inv": (5, AUX_INV, STATE_INV)}

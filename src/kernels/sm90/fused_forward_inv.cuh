@@ -95,85 +95,23 @@ struct FusedForwardInv {
     wg::fence_operand(kk);
   }
 
+  // Per chunk on v4's ring (FusedForwardRs::aux_loop, no Ag loaded): K K^T, L, X into x[c % 2]
+  // (chunk c-2's Ag was formed from it before the state groups freed this slot, which the loads just
+  // waited for came after).
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
-    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
-    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-    const int b = static_cast<int>(item.batch);
-    const bool load_v = !item.zero_v;
-    if (threadIdx.x == 0) {
-      tma::barrier_init(&s.loaded[0], 1);
-      tma::barrier_init(&s.loaded[1], 1);
-      tma::fence_barrier_init();
-    }
-    if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
-      for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
-    Aux::group_sync(Aux::kAuxBarrier);
-
-    constexpr uint32_t kGateBytes = kChunk * sizeof(float);
-    const uint32_t bytes = kPanelBytes * (2 + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
-    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
-      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
-      Slot& slot = s.slot[buf];
-      uint64_t* loaded = &s.loaded[buf];
-      const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
-      tma::arrive_expect_bytes(loaded, bytes);
-      tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
-      tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
-      for (int panel = 0; panel < 2; ++panel) {
-        tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
-        if (with_o) tma::load_4d(slot.q + panel * kPanelBytes, &maps.q, loaded, 64 * panel, hk, t0, b);
-        if (load_v) tma::load_4d(slot.v + panel * kPanelBytes, &maps.v, loaded, 64 * panel, h, t0, b);
-      }
-    };
-    if (num_chunks > 0 && threadIdx.x == 0) issue(0);
-#pragma unroll 1
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
-      Slot& slot = s.slot[buf];
-      const int rows = Aux::chunk_rows(item, c);
-      // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
-      bool next_issued = c + 1 >= num_chunks;
-      auto issue_next_if_free = [&] {
-        if (threadIdx.x == 0 && !next_issued &&
-            (c == 0 || tma::test_wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1)))) {
-          issue(c + 1);
-          next_issued = true;
-        }
-      };
-      timeline_mark(p, 0, c, 0);
-      issue_next_if_free();
-      tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 0, c, 1);
-      if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
-        Rs::zero_rows(slot.k, 2, rows);
-        if (with_o) Rs::zero_rows(slot.q, 2, rows);
-        if (load_v) Rs::zero_rows(slot.v, 2, rows);
-        wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
-        Aux::group_sync(Aux::kAuxBarrier);
-      }
-      timeline_mark(p, 0, c, 2);
-
+    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&& issue_next_if_free) {
       {
         Acc kk;
-        product_kk(slot, kk);
+        product_kk(s.slot[buf], kk);
         timeline_mark(p, 0, c, 3);
         Inverse::store_l(s.inverse, kk, s.beta[buf]);
       }
       timeline_mark(p, 0, c, 4);
-      // X into x[buf]: chunk c-2's Ag was formed from it before the state groups freed this slot,
-      // which the loads just waited for came after.
       Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier);
       timeline_mark(p, 0, c, 5);
-      tma::arrive(&s.ready[buf]);
-      timeline_mark(p, 0, c, 7);
       issue_next_if_free();
-      if (threadIdx.x == 0 && !next_issued) {
-        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
-        issue(c + 1);
-      }
-      __syncwarp();
-    }
+    });
   }
 
   // ---- state groups ---------------------------------------------------------------------------
@@ -255,12 +193,9 @@ struct FusedForwardInv {
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-    const int64_t b = item.batch;
-    const int col0 = 64 * group, barrier = 2 + group;
-    const int c_lane = 2 * (threadIdx.x % 4);
 
     StateAcc st;
-    Rs::load_initial_state(item, col0, st);
+    Rs::load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
     Rs::template to_fragments<8>(st, st_frag);
 
@@ -268,7 +203,6 @@ struct FusedForwardInv {
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
       const Slot& slot = s.slot[buf];
-      const int64_t t0 = item.bos + c * kChunk;
       timeline_mark(p, 1, c, 0);
       tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
       timeline_mark(p, 1, c, 1);
@@ -300,7 +234,7 @@ struct FusedForwardInv {
         // or U^T it spills); both halves before Vd reads Ag.
         store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[buf], group);
         wg::fence_shared_to_async();
-        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
+        asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
         timeline_mark(p, 1, c, 6);
         wg::fence();  // the fragment registers were just written
 #pragma unroll
@@ -322,70 +256,16 @@ struct FusedForwardInv {
       if constexpr (kWithO) store_p_half(s.slot[buf].p, gcum, qk, group);
       timeline_mark(p, 1, c, 2);
 
-      // v4's epilogue (fused_forward_rs.cuh): (rho Vd)^T and Vd^T as A fragments, QS^T columns *=
-      // Gamma, S^T *= e^gamma.
-      const float gamma = gcum[kChunk - 1];
-      Fragments vd_decayed[4], vd_plain[4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
-          const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
-#pragma unroll
-          for (int q = 2 * half; q < 2 * half + 2; ++q) {
-            const int x = 8 * ks + 2 * q;
-            vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
-            if constexpr (kWithO) {
-              vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
-              o[x] *= exp2_approx(g.x);
-              o[x + 1] *= exp2_approx(g.y);
-            }
-          }
-        }
-      const float decay = exp2_approx(gamma);
-#pragma unroll
-      for (int x = 0; x < 64; ++x) st[x] *= decay;
-      if constexpr (kWithO) {  // both halves of P written (and fenced) before O += Vd^T P^T reads them
-        wg::fence_shared_to_async();
-        asm volatile("bar.sync %0, 256;\n" ::"r"(kStateBarrier) : "memory");
-      }
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
-                                          true);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
-                                          true);
-      }
-      wg::commit();
-      timeline_mark(p, 1, c, 3);
-      if (kWithO && c > 0) Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
-      wg::wait<0>();
-      wg::fence_operand(st);
-      wg::fence_operand(o);
-      timeline_mark(p, 1, c, 4);
-      tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
-
-      Rs::template to_fragments<8>(st, st_frag);
-      if constexpr (kWithO)
-        Rs::store_transposed(s.o[buf] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
-      const int64_t left = item.eos - t0;
-      Rs::store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
-      if constexpr (kWithO) Aux::group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
-      timeline_mark(p, 1, c, 5);
+      // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
+      Rs::template finish_chunk<kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
+                                        vd, o, [] {
+                                          if constexpr (kWithO) {
+                                            wg::fence_shared_to_async();
+                                            asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
+                                          }
+                                        });
     }
-    if (kWithO && num_chunks > 0) {  // the last chunk's o
-      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
-      Tiles::copy_out(p, s.o[last & 1] + group * kPanelBytes, b, t0, left < kChunk ? static_cast<int>(left) : kChunk,
-                      h, col0);
-    }
-    // The work item again (pure): not kept in registers across the loop.
-    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
-      Rs::store_state(final, col0, st);
+    Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {

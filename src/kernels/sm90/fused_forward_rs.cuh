@@ -130,8 +130,16 @@ struct FusedForwardRs {
     timeline_mark(p, 0, c, 6);
   }
 
-  static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
-                                                 SharedStorage& s, bool with_o, int hk, int h) {
+  // The aux group's loop over its item's chunks on the TMA ring (v4 here, v5 in
+  // fused_forward_inv.cuh): thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two
+  // 64-column panels each; Ag with kLoadAg) and gate record into slot c % 2 on loaded[c % 2], and
+  // chunk c+1's as soon as the state groups have freed slot (c+1) % 2 (after chunk c-1): it polls
+  // free whenever the chunk's work calls issue_next_if_free and waits for it only after ready[c % 2].
+  // Per chunk: wait loaded; a partial chunk's rows past its end zeroed; work(c, buf,
+  // issue_next_if_free) (the chunk's products); the products fenced for the async proxy; ready.
+  template <bool kLoadAg, typename Storage, typename Work>
+  static __device__ __forceinline__ void aux_loop(const ForwardParams& p, const ForwardTileMaps& maps, Storage& s,
+                                                  bool with_o, int hk, int h, Work&& work) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int b = static_cast<int>(item.batch);
@@ -146,16 +154,17 @@ struct FusedForwardRs {
     Aux::group_sync(Aux::kAuxBarrier);
 
     constexpr uint32_t kGateBytes = kChunk * sizeof(float);
-    const uint32_t bytes = kPanelBytes * (3 + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
+    const uint32_t bytes =
+        kPanelBytes * ((kLoadAg ? 3 : 2) + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
     auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
       const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
-      Slot& slot = s.slot[buf];
+      auto& slot = s.slot[buf];
       uint64_t* loaded = &s.loaded[buf];
       const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
       tma::arrive_expect_bytes(loaded, bytes);
       tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
       tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
-      tma::load_4d(slot.ag, &maps.inverse, loaded, 0, h, t0, b);
+      if constexpr (kLoadAg) tma::load_4d(slot.ag, &maps.inverse, loaded, 0, h, t0, b);
       for (int panel = 0; panel < 2; ++panel) {
         tma::load_4d(slot.k + panel * kPanelBytes, &maps.k, loaded, 64 * panel, hk, t0, b);
         if (with_o) tma::load_4d(slot.q + panel * kPanelBytes, &maps.q, loaded, 64 * panel, hk, t0, b);
@@ -166,7 +175,7 @@ struct FusedForwardRs {
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
-      Slot& slot = s.slot[buf];
+      auto& slot = s.slot[buf];
       const int rows = Aux::chunk_rows(item, c);
       // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
       bool next_issued = c + 1 >= num_chunks;
@@ -181,18 +190,17 @@ struct FusedForwardRs {
       issue_next_if_free();
       timeline_mark(p, 0, c, 1);
       tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 0, c, 2);
       if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
         zero_rows(slot.k, 2, rows);
         if (with_o) zero_rows(slot.q, 2, rows);
         if (load_v) zero_rows(slot.v, 2, rows);
-        zero_rows(slot.ag, 1, rows);
+        if constexpr (kLoadAg) zero_rows(slot.ag, 1, rows);
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
         Aux::group_sync(Aux::kAuxBarrier);
       }
-      timeline_mark(p, 0, c, 3);
-      chunk_products(p, slot, s.gcum[buf], with_o, c, issue_next_if_free);
-      wg::fence_shared_to_async();  // P, Ag, -W~ for the state groups' wgmmas
+      timeline_mark(p, 0, c, 2);
+      work(c, buf, issue_next_if_free);
+      wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
       if (threadIdx.x == 0 && !next_issued) {
@@ -201,6 +209,15 @@ struct FusedForwardRs {
       }
       __syncwarp();
     }
+  }
+
+  // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
+  static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
+                                                 SharedStorage& s, bool with_o, int hk, int h) {
+    aux_loop<true>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&& issue_next_if_free) {
+      timeline_mark(p, 0, c, 3);
+      chunk_products(p, s.slot[buf], s.gcum[buf], with_o, c, issue_next_if_free);
+    });
   }
 
   // ---- state groups ---------------------------------------------------------------------------
@@ -256,17 +273,101 @@ struct FusedForwardRs {
     }
   }
 
+  // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
+  // fused_forward_inv.cuh): the slot's K and P tiles, the o staging pair and the slot's free barrier.
+  struct ChunkEnd {
+    const unsigned char* k;
+    const unsigned char* p;
+    unsigned char (*o)[kTokenTileBytes];
+    uint64_t* free;
+  };
+
+  // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T as A fragments, QS^T columns
+  // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
+  // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
+  // fragments their registers would not fit); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
+  // chunk c-1's o out under them; free; S^T's fragments, o staged, the checkpoint.
+  template <bool kWithO, typename BeforeUpdate>
+  static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
+                                                      const float* gcum, int64_t c, int h, int group, StateAcc& st,
+                                                      Fragments (&st_frag)[8], Acc& vd, Acc& o,
+                                                      BeforeUpdate&& before_update) {
+    const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
+    const int64_t t0 = item.bos + c * kChunk;
+    const float gamma = gcum[kChunk - 1];
+    Fragments vd_decayed[4], vd_plain[4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
+        const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
+#pragma unroll
+        for (int q = 2 * half; q < 2 * half + 2; ++q) {
+          const int x = 8 * ks + 2 * q;
+          vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
+          if constexpr (kWithO) {
+            vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+            o[x] *= exp2_approx(g.x);
+            o[x + 1] *= exp2_approx(g.y);
+          }
+        }
+      }
+    const float decay = exp2_approx(gamma);
+#pragma unroll
+    for (int x = 0; x < 64; ++x) st[x] *= decay;
+    before_update();
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
+    if constexpr (kWithO) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(at.p, 16 * ks, kChunk), true);
+    }
+    wg::commit();
+    // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
+    // fit in the registers beside S^T's pinned fragments).
+    timeline_mark(p, 1, c, 3);
+    if (kWithO && c > 0) Tiles::copy_out(p, at.o[(c - 1) & 1] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
+    wg::wait<0>();
+    wg::fence_operand(st);
+    wg::fence_operand(o);
+    timeline_mark(p, 1, c, 4);
+    tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
+
+    to_fragments<8>(st, st_frag);
+    if constexpr (kWithO) store_transposed(at.o[c & 1] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
+    const int64_t left = item.eos - t0;
+    store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
+    if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done
+    timeline_mark(p, 1, c, 5);
+  }
+
+  // After a state group's last chunk: that chunk's o, and the final state.
+  template <bool kWithO>
+  static __device__ __forceinline__ void finish_item(const ForwardParams& p, const WorkItem& item,
+                                                     unsigned char (*o)[kTokenTileBytes], int64_t num_chunks, int h,
+                                                     int group, const StateAcc& st) {
+    if (kWithO && num_chunks > 0) {  // the last chunk's o
+      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
+      Tiles::copy_out(p, o[last & 1] + group * kPanelBytes, item.batch, t0,
+                      left < kChunk ? static_cast<int>(left) : kChunk, h, 64 * group);
+    }
+    // The work item again (pure): not kept in registers across the loop.
+    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+      store_state(final, 64 * group, st);
+  }
+
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
   template <bool kWithO>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-    const int64_t b = item.batch;
-    const int col0 = 64 * group, barrier = 2 + group;
-    const int c_lane = 2 * (threadIdx.x % 4);
 
     StateAcc st;
-    load_initial_state(item, col0, st);
+    load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
     to_fragments<8>(st, st_frag);
 
@@ -274,7 +375,6 @@ struct FusedForwardRs {
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
       const Slot& slot = s.slot[buf];
-      const int64_t t0 = item.bos + c * kChunk;
       timeline_mark(p, 1, c, 0);
       tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
       timeline_mark(p, 1, c, 1);
@@ -302,70 +402,10 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      // (rho Vd)^T and Vd^T as A fragments, QS^T columns *= Gamma, S^T *= e^gamma. Vd^T and QS^T
-      // share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is column (token) 16 ks + 8 (q / 2)
-      // + c_lane (+ 1). The gates are read only now: the wgmmas above pin S^T's fragments, and
-      // these 16 registers would not fit beside them.
-      const float* gcum = s.gcum[buf];
-      const float gamma = gcum[kChunk - 1];
-      Fragments vd_decayed[4], vd_plain[4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
-          const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
-#pragma unroll
-          for (int q = 2 * half; q < 2 * half + 2; ++q) {
-            const int x = 8 * ks + 2 * q;
-            vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
-            if constexpr (kWithO) {
-              vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
-              o[x] *= exp2_approx(g.x);
-              o[x + 1] *= exp2_approx(g.y);
-            }
-          }
-        }
-      const float decay = exp2_approx(gamma);
-#pragma unroll
-      for (int x = 0; x < 64; ++x) st[x] *= decay;
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk),
-                                          true);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(slot.p, 16 * ks, kChunk),
-                                          true);
-      }
-      wg::commit();
-      // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
-      // fit in the registers beside S^T's pinned fragments).
-      timeline_mark(p, 1, c, 3);
-      if (kWithO && c > 0) Tiles::copy_out(p, s.o[(c - 1) & 1] + group * kPanelBytes, b, t0 - kChunk, kChunk, h, col0);
-      wg::wait<0>();
-      wg::fence_operand(st);
-      wg::fence_operand(o);
-      timeline_mark(p, 1, c, 4);
-      tma::arrive(&s.free[buf]);  // every read of the slot (wgmma operands, gates) is done
-
-      to_fragments<8>(st, st_frag);
-      if constexpr (kWithO) store_transposed(s.o[buf] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
-      const int64_t left = item.eos - t0;
-      store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
-      if constexpr (kWithO) Aux::group_sync(barrier);  // o[buf] written, and chunk c-1's copy of o[buf ^ 1] done
-      timeline_mark(p, 1, c, 5);
+      finish_chunk<kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
+                           [] {});
     }
-    if (kWithO && num_chunks > 0) {  // the last chunk's o
-      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
-      Tiles::copy_out(p, s.o[last & 1] + group * kPanelBytes, b, t0, left < kChunk ? static_cast<int>(left) : kChunk,
-                      h, col0);
-    }
-    // The work item again (pure): not kept in registers across the loop.
-    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
-      store_state(final, col0, st);
+    finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
