@@ -75,14 +75,11 @@ int main(int argc, char** argv) {
   char tokens[4096];
   while (std::scanf("%lld %d %4095s %lld", &sequences, &heads, tokens, &segment_chunks) == 4) {
     std::vector<int64_t> lengths;
-    for (const char* field = tokens; *field != '\0';) {
-      char* end = nullptr;
-      lengths.push_back(std::strtoll(field, &end, 10));
-      field = *end == '+' ? end + 1 : end;
-      if (end == field && *end != '\0') break;
-    }
+    char* end = tokens;
+    do lengths.push_back(std::strtoll(end + (end == tokens ? 0 : 1), &end, 10));
+    while (*end == '+');
     if (lengths.size() == 1) lengths.assign(static_cast<size_t>(sequences), lengths.front());
-    if (static_cast<long long>(lengths.size()) != sequences) {
+    if (*end != '\0' || static_cast<long long>(lengths.size()) != sequences) {
       std::fprintf(stderr, "cp_plan_predict: %lld sequences but the lengths '%s'\n", sequences, tokens);
       return 2;
     }

@@ -67,18 +67,16 @@ int64_t segment_count(const Inputs& in, const std::optional<std::vector<int64_t>
 double resident_items(const Inputs& in) {
   const auto lengths = host_lengths(in);
   if (!lengths) return 0.0;
-  int64_t total = 0, longest = 0;
-  for (int64_t length : *lengths) {
-    total += plan::num_chunks_of(length);
-    longest = std::max(longest, plan::num_chunks_of(length));
-  }
+  int64_t total = 0;
+  for (int64_t length : *lengths) total += plan::num_chunks_of(length);
+  const int64_t longest = longest_chunks(in, lengths);
   return longest == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(longest) * in.shape.num_v_heads;
 }
 
 FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase) {
-  const bool fills_the_gpu = 10.0 * resident_items(in) >= 9.0 * num_sms();
-  return !cp_enabled && phase == ShardPhase::kNone && fills_the_gpu ? FusedKernel::kInverseInside
-                                                                    : FusedKernel::kRegisterState;
+  const bool whole_sequences = !cp_enabled && phase == ShardPhase::kNone;
+  return whole_sequences && 10.0 * resident_items(in) >= 9.0 * num_sms() ? FusedKernel::kInverseInside
+                                                                        : FusedKernel::kRegisterState;
 }
 
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
