@@ -21,6 +21,8 @@
 #   prints the details and the SASS lines where the warps stall most, bench/ncu_source_top.py),
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
+#   AB_ARGS (ab: extra bench/fused_kernel_ab.py arguments, e.g. "--kernels rs,inv"), KERNEL_TIMES=0 (ab: no ncu
+#   kernel times after the A/B),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
 #   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
@@ -221,10 +223,10 @@ if [ "$MODE" = cp ]; then
 fi
 
 if [ "$MODE" = ab ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py --out "$OUT" >"$OUT/ab.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py ${AB_ARGS:-} --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  kernel_times "4x8192 16 32" "4x8192 16 32 ws" "4x8192 16 32 rs" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws" \
+  [ "${KERNEL_TIMES:-1}" = 0 ] || kernel_times "4x8192 16 32" "4x8192 16 32 ws" "4x8192 16 32 rs" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws" \
     "1x32768 2 8 cp rs"
 fi
 
