@@ -22,7 +22,7 @@
 #   BENCH_ARGS (extra flashgdn.bench arguments, e.g. --filter hv=32 or --anchors fla),
 #   BWD_BENCH_ARGS (extra arguments of the backward table only, e.g. --filter hv=16|8),
 #   AB_ARGS (ab: extra bench/fused_kernel_ab.py arguments, e.g. "--kernels rs,inv"), KERNEL_TIMES=0 (ab: no ncu
-#   kernel times after the A/B),
+#   kernel times after the A/B) or "config;config..." (bench/profile_forward.py configurations instead of the default ones),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
 #   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
@@ -226,8 +226,13 @@ if [ "$MODE" = ab ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 bench/fused_kernel_ab.py ${AB_ARGS:-} --out "$OUT" >"$OUT/ab.log" 2>&1
   note "fused kernel A/B rc=$?"
   tail -n 30 "$OUT/ab.log"
-  [ "${KERNEL_TIMES:-1}" = 0 ] || kernel_times "4x8192 16 32" "4x8192 16 32 ws" "4x8192 16 32 rs" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws" \
-    "1x32768 2 8 cp rs"
+  if [ "${KERNEL_TIMES:-1}" = 1 ]; then
+    kernel_times "4x8192 16 32" "4x8192 16 32 ws" "4x8192 16 32 rs" "1x32768 2 8" "1x32768 2 8 cp" "1x32768 2 8 cp ws" \
+      "1x32768 2 8 cp rs"
+  elif [ "${KERNEL_TIMES}" != 0 ]; then
+    IFS=';' read -ra configs <<<"$KERNEL_TIMES"
+    kernel_times "${configs[@]}"
+  fi
 fi
 
 quick_flag=$([ "$MODE" = full ] || echo --quick)
