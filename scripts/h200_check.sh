@@ -28,7 +28,9 @@
 #   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
 #   full auto/off sweep; "splits" / "bwd": the forward's / backward's split scans again, which the
 #   fits have just timed: their logs give the refit planner's choice against the best cut), TIMELINE=1 (every
-#   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call)
+#   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call),
+#   EXTRA (every mode but stage, dist and bench: a command run on the build before the profile and timeline,
+#   its log extra.log, e.g. "python3 bench/kernel_breakdown.py")
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -249,6 +251,11 @@ if [ "$MODE" != tests ] && [ "$MODE" != cp ] && [ "$MODE" != ab ]; then
   tail -n 25 "$OUT/bench_bwd.log"
 fi
 
+if [ -n "${EXTRA:-}" ]; then  # EXTRA="command": one more measurement on this build (e.g. bench/kernel_breakdown.py)
+  timeout "${BENCH_TIMEOUT:-420}" bash -c "$EXTRA" >"$OUT/extra.log" 2>&1
+  note "extra ($EXTRA) rc=$?"
+  tail -n 40 "$OUT/extra.log"
+fi
 profile
 [ -n "${TIMELINE:-}" ] && timeline  # TIMELINE=1: the timeline too, in the same call
 echo "================ summary"

@@ -100,7 +100,7 @@ struct FusedForwardInv {
   // waited for came after).
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
-    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&& issue_next_if_free) {
+    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&&) {
       {
         Acc kk;
         product_kk(s.slot[buf], kk);
@@ -108,9 +108,9 @@ struct FusedForwardInv {
         Inverse::store_l(s.inverse, kk, s.beta[buf]);
       }
       timeline_mark(p, 0, c, 4);
-      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier);
+      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier, [&](int stage) { timeline_mark(p, 0, c, 8 + stage); });
       timeline_mark(p, 0, c, 5);
-      issue_next_if_free();
+      // X is read by ldmatrix (no proxy fence); chunk c+1's loads go out after ready
     });
   }
 
@@ -224,15 +224,18 @@ struct FusedForwardInv {
       wg::wait<0>();
       wg::fence_operand(u);
       wg::fence_operand(o);
+      timeline_mark(p, 1, c, 7);
       const float* gcum = s.gcum[buf];
       Acc vd;
       PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
       {
         Fragments w[4];
         w_fragments(slot.v + group * kPanelBytes, gcum, u, w);
+        timeline_mark(p, 1, c, 8);
         // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
         // or U^T it spills); both halves before Vd reads Ag.
         store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[buf], group);
+        timeline_mark(p, 1, c, 9);
         wg::fence_shared_to_async();
         asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
         timeline_mark(p, 1, c, 6);

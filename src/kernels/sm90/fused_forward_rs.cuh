@@ -136,7 +136,8 @@ struct FusedForwardRs {
   // chunk c+1's as soon as the state groups have freed slot (c+1) % 2 (after chunk c-1): it polls
   // free whenever the chunk's work calls issue_next_if_free and waits for it only after ready[c % 2].
   // Per chunk: wait loaded; a partial chunk's rows past its end zeroed; work(c, buf,
-  // issue_next_if_free) (the chunk's products); the products fenced for the async proxy; ready.
+  // issue_next_if_free) (the chunk's products, fenced for the async proxy where wgmmas read them);
+  // ready; then chunk c+1's loads if not issued yet (waiting for the slot).
   template <bool kLoadAg, typename Storage, typename Work>
   static __device__ __forceinline__ void aux_loop(const ForwardParams& p, const ForwardTileMaps& maps, Storage& s,
                                                   bool with_o, int hk, int h, Work&& work) {
@@ -200,7 +201,6 @@ struct FusedForwardRs {
       }
       timeline_mark(p, 0, c, 2);
       work(c, buf, issue_next_if_free);
-      wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
       if (threadIdx.x == 0 && !next_issued) {
@@ -217,6 +217,7 @@ struct FusedForwardRs {
     aux_loop<true>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
       chunk_products(p, s.slot[buf], s.gcum[buf], with_o, c, issue_next_if_free);
+      wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
     });
   }
 

@@ -4,15 +4,17 @@
 // clock64() at the phase boundaries of chunks 0 .. kTimelineChunks - 1 into ForwardParams::timeline,
 // uint64 [2 roles][kTimelineChunks][kTimelineEvents] (unwritten entries keep what the caller put
 // there). Events, aux: 0 top, 1 slot free, 2 tiles landed, 3 gates shared, 4 P stored, 5 Ag stored,
-// 6 -W~ waited, 7 ready; state: 0 top, 1 ready seen, 2 Vd (and QS) waited, 3 update issued,
-// 4 update waited, 5 chunk done. bench/timeline.py reads them.
+// 6 -W~ waited, 7 ready (v5: 3 K K^T, 4 L stored, 5 X formed, 8 / 9 the inverse's diagonal / 16 -> 32
+// stages done); state: 0 top, 1 ready seen, 2 Vd (and QS) waited, 3 update issued,
+// 4 update waited, 5 chunk done (v5: 7 U^T and QS^T waited, 8 W formed, 9 Ag half stored, 6 Ag's barrier
+// passed). bench/timeline.py reads them.
 #pragma once
 
 #include "kernels/sm90/params.h"
 
 namespace flashgdn::kern {
 
-inline constexpr int kTimelineChunks = 128, kTimelineEvents = 8;
+inline constexpr int kTimelineChunks = 128, kTimelineEvents = 10;
 
 __device__ __forceinline__ void timeline_mark(const ForwardParams& p, int role, int64_t chunk, int event) {
 #ifdef FLASHGDN_TIMELINE

@@ -69,14 +69,21 @@ struct WarpgroupInverse {
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
-  // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`).
-  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier) {
+  // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`). stage_done(i) runs
+  // after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
+  template <typename StageDone>
+  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier, StageDone&& stage_done) {
     invert_diagonal(ws, x);
     sync(barrier);
+    stage_done(0);
     merge_16_to_32(ws, x);
     sync(barrier);
+    stage_done(1);
     merge_32_to_64(ws, x);
     sync(barrier);
+  }
+  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier) {
+    invert(ws, x, barrier, [](int) {});
   }
 
   // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of

@@ -1,0 +1,77 @@
+"""Where a forward call's time goes: per configuration, the whole call by CUDA-graph replay (median,
+as the benchmark times it) beside each kernel's device time, averaged over warm eager calls
+(torch.profiler / CUPTI), and the rest (launch gaps and idle between kernels). The call is the
+benchmark's (chunk_gated_delta_rule with the host lengths: auto kernel, auto CP).
+
+    python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV ...] [--calls N]
+        (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import pathlib
+import re
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("flashgdn") is None:
+    sys.path.insert(0, str(ROOT / "python"))
+import flashgdn  # noqa: E402
+from flashgdn.bench.inputs import make_inputs  # noqa: E402
+from flashgdn.bench.timing import time_graph  # noqa: E402
+
+DEFAULT = ["8x1024:16:32", "4x2048:16:32", "8x1024:2:8", "1x2048:16:32", "4x8192:16:32"]
+
+
+def short_name(name: str) -> str:
+    """The kernel's function name without namespaces, template arguments and parameters."""
+    name = re.sub(r"\(.*", "", name)
+    while "<" in name:
+        name = re.sub(r"<[^<>]*>", "", name)
+    return name.split("::")[-1].replace("void ", "").strip()
+
+
+def breakdown(spec: str, calls: int) -> None:
+    shape, hqk, hv = spec.split(":")
+    count, length = (int(n) for n in shape.split("x"))
+    inp = make_inputs([length] * count, int(hqk), int(hv))
+    fn = lambda: flashgdn.chunk_gated_delta_rule(**inp["x"], scale=inp["scale"], cu_seqlens=inp["cu"],  # noqa: E731
+                                                 output_final_state=True, cu_seqlens_cpu=inp["cu_cpu"])
+    whole_ms = time_graph(fn)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            name = event.name
+            if name.startswith("Memcpy") or name.startswith("Memset"):
+                name = name.split(" ")[0]
+            per_kernel[short_name(name)] += event.device_time / calls  # us
+    total_us = sum(per_kernel.values())
+    print(f"{spec}: whole call {1000 * whole_ms:.1f} us (graph), kernels {total_us:.1f} us, "
+          f"rest {1000 * whole_ms - total_us:.1f} us")
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
+        print(f"    {us:8.1f} us  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("configs", nargs="*", default=DEFAULT)
+    parser.add_argument("--calls", type=int, default=10)
+    args = parser.parse_args()
+    for spec in args.configs:
+        breakdown(spec, args.calls)
+
+
+if __name__ == "__main__":
+    main()
