@@ -30,7 +30,7 @@ DEFAULT = ["8x1024:16:32", "4x2048:16:32", "8x1024:2:8", "1x2048:16:32", "4x8192
 
 def short_name(name: str) -> str:
     """The kernel's function name without namespaces, template arguments and parameters."""
-    name = re.sub(r"\(.*", "", name)
+    name = re.sub(r"\(.*", "", name.replace("(anonymous namespace)::", ""))
     while "<" in name:
         name = re.sub(r"<[^<>]*>", "", name)
     return name.split("::")[-1].replace("void ", "").strip()
@@ -51,17 +51,19 @@ def breakdown(spec: str, calls: int) -> None:
             fn()
         torch.cuda.synchronize()
     per_kernel: dict[str, float] = collections.defaultdict(float)
+    launches: dict[str, int] = collections.defaultdict(int)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
             name = event.name
             if name.startswith("Memcpy") or name.startswith("Memset"):
                 name = name.split(" ")[0]
             per_kernel[short_name(name)] += event.device_time / calls  # us
+            launches[short_name(name)] += 1
     total_us = sum(per_kernel.values())
     print(f"{spec}: whole call {1000 * whole_ms:.1f} us (graph), kernels {total_us:.1f} us, "
           f"rest {1000 * whole_ms - total_us:.1f} us")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
-        print(f"    {us:8.1f} us  {name}")
+        print(f"    {us:8.1f} us  {name} (x{launches[name] / calls:g})")
 
 
 def main() -> None:
