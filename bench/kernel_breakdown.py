@@ -3,8 +3,10 @@ as the benchmark times it) beside each kernel's device time, averaged over warm 
 (torch.profiler / CUPTI), and the rest (launch gaps and idle between kernels). The call is the
 benchmark's (chunk_gated_delta_rule with the host lengths: auto kernel, auto CP).
 
-    python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV ...] [--calls N]
+    python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV[:KERNEL[:CP]] ...] [--calls N]
         (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
+    LENGTH may list the sequences' lengths '+'-joined (1x1024+7168). KERNEL (rs, inv) pins the fused kernel
+    through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("flashgdn") is None:
     sys.path.insert(0, str(ROOT / "python"))
 import flashgdn  # noqa: E402
+from flashgdn import ops  # noqa: E402
 from flashgdn.bench.inputs import make_inputs  # noqa: E402
 from flashgdn.bench.timing import time_graph  # noqa: E402
 
@@ -36,12 +39,26 @@ def short_name(name: str) -> str:
     return name.split("::")[-1].replace("void ", "").strip()
 
 
+KERNELS = {"rs": 4, "inv": 5}
+
+
 def breakdown(spec: str, calls: int) -> None:
-    shape, hqk, hv = spec.split(":")
-    count, length = (int(n) for n in shape.split("x"))
-    inp = make_inputs([length] * count, int(hqk), int(hv))
-    fn = lambda: flashgdn.chunk_gated_delta_rule(**inp["x"], scale=inp["scale"], cu_seqlens=inp["cu"],  # noqa: E731
-                                                 output_final_state=True, cu_seqlens_cpu=inp["cu_cpu"])
+    shape, hqk, hv, *pinned = spec.split(":")
+    count, length = shape.split("x")
+    lengths = [int(n) for n in length.split("+")] * int(count)
+    inp = make_inputs(lengths, int(hqk), int(hv))
+    x = inp["x"]
+    if pinned:
+        cp = pinned[1] if len(pinned) > 1 else "auto"
+        mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))
+        o = torch.empty_like(x["v"])
+        final = torch.empty(len(lengths), int(hv), 128, 128, device="cuda")
+        fn = lambda: ops.forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"],  # noqa: E731
+                                      x["initial_state"], inp["cu"], inp["scale"], False, False, False,
+                                      inp["cu_cpu"], mode, segment, kernel=KERNELS[pinned[0]])
+    else:
+        fn = lambda: flashgdn.chunk_gated_delta_rule(**x, scale=inp["scale"], cu_seqlens=inp["cu"],  # noqa: E731
+                                                     output_final_state=True, cu_seqlens_cpu=inp["cu_cpu"])
     whole_ms = time_graph(fn)
     for _ in range(3):
         fn()
