@@ -218,7 +218,11 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   layout.chunk_gates = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * 128 * sizeof(float));
   layout.cp = shard ? decide_shard_cp(in) : decide_cp(in);
-  if (layout.cp.enabled) offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
+  if (layout.cp.enabled) {
+    offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
+    layout.chunk_window_terms = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * sizeof(float));
+  }
   if (problem.checkpoints.present() && in.varlen.present()) {
     layout.checkpoint_offsets = offset;
     offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
@@ -280,6 +284,10 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   p.gated_inverse = kernel == FusedKernel::kRegisterState;
   const bool inverse_inside = kernel == FusedKernel::kInverseInside;
   p.chunk_gates = p.gated_inverse || inverse_inside ? reinterpret_cast<float*>(ws + layout.chunk_gates) : nullptr;
+  // With CP, v4's chunk inverse (which has K K^T and the gates) sums the decay-window terms per chunk
+  // for cp_windows; elsewhere cp_windows reads every token's K row.
+  if (layout.cp.enabled && p.gated_inverse)
+    p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {

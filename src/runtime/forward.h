@@ -97,6 +97,7 @@ struct ForwardLayout {
   std::size_t chunk_gates = 0;  // gate records [chunk bound][Hv][128] fp32 (ForwardParams::chunk_gates)
   CpDecision cp;
   CpRegions cp_regions;
+  std::size_t chunk_window_terms = 0;  // with CP: fp32 [chunk bound][Hv] (ForwardParams::chunk_window_terms)
   std::size_t checkpoint_offsets = 0;  // int32 [N + 1], varlen with checkpoints
   std::size_t bytes = 0;
 };

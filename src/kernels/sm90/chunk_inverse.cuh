@@ -26,7 +26,9 @@
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
 // 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; where p.chunk_gates is set,
-// warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h].
+// warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
+// where p.chunk_window_terms is set (the forward's CP), head v's window term of the chunk (sum of
+// g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
 #pragma once
 
 #include <type_traits>
@@ -44,6 +46,9 @@ struct ChunkInverse {
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
   static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
+  // The window terms come from the bf16 inverse only (v4's forward; the fp32 one has no registers
+  // to spare at 4 CTAs per SM).
+  static constexpr bool kWindowTerms = !std::is_same_v<InverseT, float>;
   using Split = SplitTile<kChunk, kPitchX>;
 
   struct SharedStorage {
@@ -53,6 +58,7 @@ struct ChunkInverse {
     };
     Split kk;                   // StrictLower(K K^T), split
     float kk_diag[4][16][16];  // its diagonal blocks in fp32
+    float k_norm2[kChunk];     // K K^T's diagonal, |k_t|^2 (the window terms)
     alignas(16) float beta[kMaxHeadsPerCta][kChunk];
     alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
   };
@@ -136,10 +142,14 @@ struct ChunkInverse {
             s.kk.store_pair(row, col, kk0, kk1);
             if (row / 16 == col / 16)
               *reinterpret_cast<float2*>(&s.kk_diag[row / 16][row % 16][col % 16]) = make_float2(kk0, kk1);
+            if (kWindowTerms && (row == col || row == col + 1))
+              s.k_norm2[row] = row == col ? acc[0][j][e] : acc[0][j][e + 1];
           }
       }
     }
     __syncthreads();  // K is dead from here: X reuses its bytes
+    if (kWindowTerms && p.chunk_window_terms != nullptr && warp < heads.count)
+      write_window_term(p, s, warp, heads.first + warp);
 
     // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used.
 #pragma unroll 1
@@ -197,6 +207,23 @@ struct ChunkInverse {
         write_rows<InverseT>(p, s, b, where, heads.first + v, v, false);
       if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
     }
+  }
+
+  // Warp v: head h's window term of the chunk (ForwardParams::chunk_window_terms), the sum over its
+  // valid tokens of g_t + log max(1, |1 - beta_t |k_t|^2|): the gates' sum is gamma (gcum[63], log2
+  // units); beta and |k_t|^2 are 0 past the valid rows, where the log is 0.
+  static __device__ __forceinline__ void write_window_term(const ForwardParams& p, const SharedStorage& s, int v,
+                                                           int h) {
+    const int lane = threadIdx.x % 32;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int t = 2 * lane + i;
+      sum += logf(fmaxf(1.f, fabsf(1.f - s.beta[v][t] * s.k_norm2[t])));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) p.chunk_window_terms[blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h] = s.gcum[v][kChunk - 1] / kLog2e + sum;
   }
 
   // Rows of valid tokens in 16-byte vectors (8 2-byte or 4 fp32 columns, inside one 16 x 16 block:

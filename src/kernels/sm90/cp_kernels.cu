@@ -5,7 +5,8 @@
 // floor(C / n) + 1 chunks, the longer first (locate_segment in sequence.cuh).
 // Launch sequence (runtime/forward.cpp):
 //   [segment_offsets]  varlen: first segment of each sequence
-//   cp_windows         grid (segments, Hv), 256 threads (16 chunks a tile in parallel): walking the
+//   cp_windows         grid (segments, Hv), 256 threads (16 chunks a tile in parallel; 256 from the
+//                      chunk inverse's per-chunk sums where it wrote them, p.chunk_window_terms): walking the
 //                      chunks of segment j backwards from its end, the summed log of a bound on each
 //                      token's map norm, g_t + log max(1, |1 - beta_t |k_t|^2|) (the map
 //                      e^{g}(I - beta k k^T) has norm e^{g} max(1, |1 - beta |k|^2|)), until it is
@@ -111,6 +112,55 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
     if (found != 0) break;
   }
   if (threadIdx.x == 0) *window = found;
+}
+
+// The same windows from the chunk inverse's per-chunk sums (p.chunk_window_terms): tiles of 256
+// chunks in walking order, thread i holding the tile's chunk i; the running totals by a block-wide
+// inclusive scan (warp shuffles, then the 8 warp totals), the first chunk at or below the threshold
+// by ballot. (Summed in another order than cp_windows_kernel: they may differ at rounding level.)
+__global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(const ForwardParams p, int32_t* windows,
+                                                                               bool leading) {
+  const int64_t x = blockIdx.x;
+  const int h = blockIdx.y;
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return;
+  const int64_t chunks = (at.eos - at.bos + kChunk - 1) / kChunk;
+  const int64_t first_id = first_chunk(p, at.sequence) + (at.bos - at.seq.bos) / kChunk;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float warp_totals[kWindowThreads / 32];
+  __shared__ int32_t first_crossing;  // the tile's first chunk at or below the threshold; kWindowThreads: none
+  float before = 0.f;                 // the earlier tiles' total
+  int64_t found = 0;
+  for (int64_t tile0 = 0; tile0 < chunks; tile0 += kWindowThreads) {
+    const int64_t step = tile0 + threadIdx.x;
+    const bool valid = step < chunks;
+    float running = valid ? p.chunk_window_terms[(first_id + (leading ? step : chunks - 1 - step)) * p.num_v_heads + h]
+                          : 0.f;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const float up = __shfl_up_sync(0xffffffffu, running, offset);
+      if (lane >= offset) running += up;
+    }
+    if (lane == 31) warp_totals[warp] = running;
+    if (threadIdx.x == 0) first_crossing = kWindowThreads;
+    __syncthreads();
+    float tile_total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWindowThreads / 32; ++w) {
+      if (w < warp) running += warp_totals[w];
+      tile_total += warp_totals[w];
+    }
+    const unsigned crossed = __ballot_sync(0xffffffffu, valid && before + running <= p.decay_threshold);
+    if (lane == 0 && crossed != 0u) atomicMin(&first_crossing, 32 * warp + __ffs(crossed) - 1);
+    __syncthreads();
+    if (first_crossing < kWindowThreads) {
+      found = tile0 + first_crossing + 1;
+      break;
+    }
+    before += tile_total;
+    __syncthreads();  // warp_totals and first_crossing are rewritten by the next tile
+  }
+  if (threadIdx.x == 0) windows[x * p.num_v_heads + h] = static_cast<int32_t>(found);
 }
 
 constexpr int kSliceCols = 32;             // state columns per correction CTA
@@ -581,8 +631,11 @@ cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t str
 template <ElemKind E>
 cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream) {
   if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
-  cp_windows_kernel<ElemType<E>><<<dim3(static_cast<unsigned>(p.max_segments), p.num_v_heads), kWindowThreads, 0,
-                                    stream>>>(p, windows, leading);
+  const dim3 grid(static_cast<unsigned>(p.max_segments), p.num_v_heads);
+  if (p.chunk_window_terms != nullptr)
+    cp_windows_from_chunks_kernel<<<grid, kWindowThreads, 0, stream>>>(p, windows, leading);
+  else
+    cp_windows_kernel<ElemType<E>><<<grid, kWindowThreads, 0, stream>>>(p, windows, leading);
   return cudaGetLastError();
 }
 template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);

@@ -86,6 +86,10 @@ struct ForwardParams {
   float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
   float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (h0 for j = 0)
   float decay_threshold = -10.f;         // natural-log units
+  // [chunk id][hv]: each chunk's sum of the window terms g_t + log max(1, |1 - beta_t |k_t|^2|), written
+  // by the bf16 chunk inverse where non-null (|k_t|^2 is K K^T's diagonal there; it needs the gates:
+  // chunk_gates or gated_inverse set) and read by cp_windows instead of every token's K row.
+  float* chunk_window_terms = nullptr;
   // Backward CP (the backward's pre-pass): leading decay windows of the dS* pass, 0 where the
   // reverse correction needs M_j (the state pass then forms it too, for the last segment as well
   // when transition_for_last: a final-state gradient flows back through it).
