@@ -159,8 +159,9 @@ if [ "$MODE" = dist ]; then
   exit 0
 fi
 
-ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
-note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1 ||
+  ctest --test-dir build --rerun-failed --output-on-failure 2>&1 | tail -n 40 | tee -a "$OUT/ctest.log"
+note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | head -1)"
 
 cuobjdump --dump-sass build/libflashgdn_c.so >"$OUT/sass.txt" 2>&1
 note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sass.txt") (waits $(grep -c WARPGROUP.DEPBAR "$OUT/sass.txt"): one per HGMMA means serialised), MUFU.EX2 $(grep -c MUFU.EX2 "$OUT/sass.txt"), LDL/STL $(grep -cE "LDL|STL" "$OUT/sass.txt")"
