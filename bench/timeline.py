@@ -26,7 +26,7 @@ from flashgdn.bench.inputs import make_inputs  # noqa: E402
 from flashgdn.bench.timing import git_commit  # noqa: E402
 from flashgdn.ops import TIMELINE_SHAPE, forward_into, set_timeline  # noqa: E402
 
-CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32)]
+CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32), ([1024] * 8, 16, 16)]
 # Phases: (name, from event, to event) of each role (timeline.cuh). v4's TMA-fed aux group: "wait slot
 # free" is its first poll (it issues chunk c+1's loads there when the slot is free, never waits), "issue
 # loads, wait tiles" its wait for chunk c's loads, "-B~, -W~" includes a poll.
@@ -43,11 +43,20 @@ KERNELS = {"ws": (3, AUX, STATE), "rs": (4, AUX, STATE), "inv": (5, AUX_INV, STA
 FIRST = 8  # skip the pipeline's start
 
 
-def phases(row, table):
-    """Median cycles of each phase over the recorded chunks, and the step (top to next top)."""
+def phases(row, table, done_event):
+    """Median cycles of each phase over the recorded chunks, the step (top to next top), and the item's
+    ends: its start to chunk 0's top, and the last recorded chunk's end (done_event) to the item's end
+    (events 10 and 11 in chunk 0's row; the last chunk is the item's own when it has at most
+    TIMELINE_SHAPE[1] chunks)."""
     chunks = [c for c in range(FIRST, TIMELINE_SHAPE[1] - 1) if row[c, 0] > 0 and row[c + 1, 0] > 0]
     out = {name: statistics.median(int(row[c, b] - row[c, a]) for c in chunks) for name, a, b in table}
     out["chunk step"] = statistics.median(int(row[c + 1, 0] - row[c, 0]) for c in chunks)
+    last = max(c for c in range(TIMELINE_SHAPE[1]) if row[c, 0] > 0)
+    if row[0, 10] > 0:
+        out["item start to chunk 0"] = int(row[0, 0] - row[0, 10])
+    if row[0, 11] > 0 and last + 1 < TIMELINE_SHAPE[1]:
+        out["last chunk to item end"] = int(row[0, 11] - row[last, done_event])
+        out[f"item ({last + 1} chunks)"] = int(row[0, 11] - row[0, 10])
     return out
 
 
@@ -73,7 +82,7 @@ def main() -> None:
             torch.cuda.synchronize()
             data = buffer.cpu()
             for role, table in (("aux", aux), ("state", state)):
-                result = phases(data[0 if role == "aux" else 1], table)
+                result = phases(data[0 if role == "aux" else 1], table, 7 if role == "aux" else 5)
                 print(f"{label} ({hqk},{hv}) {name} {role}: " +
                       ", ".join(f"{phase} {cycles:.0f}" for phase, cycles in result.items()), flush=True)
                 lines += [f"{label},{hqk},{hv},{name},{role},{phase},{cycles:.0f}" for phase, cycles in result.items()]

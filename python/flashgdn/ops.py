@@ -223,7 +223,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     return workspace
 
 
-TIMELINE_SHAPE = (2, 128, 10)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
+TIMELINE_SHAPE = (2, 128, 12)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
 
 
 def set_timeline(buffer: Optional[torch.Tensor]) -> None:

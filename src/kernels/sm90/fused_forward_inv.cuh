@@ -195,6 +195,7 @@ struct FusedForwardInv {
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 
     StateAcc st;
+    timeline_mark(p, 1, 0, 10);
     Rs::load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
     Rs::template to_fragments<8>(st, st_frag);

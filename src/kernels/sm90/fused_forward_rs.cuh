@@ -141,6 +141,7 @@ struct FusedForwardRs {
   template <bool kLoadAg, typename Storage, typename Work>
   static __device__ __forceinline__ void aux_loop(const ForwardParams& p, const ForwardTileMaps& maps, Storage& s,
                                                   bool with_o, int hk, int h, Work&& work) {
+    timeline_mark(p, 0, 0, 10);
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int b = static_cast<int>(item.batch);
@@ -209,6 +210,7 @@ struct FusedForwardRs {
       }
       __syncwarp();
     }
+    timeline_mark(p, 0, 0, 11);
   }
 
   // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
@@ -359,6 +361,7 @@ struct FusedForwardRs {
     // The work item again (pure): not kept in registers across the loop.
     if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
       store_state(final, 64 * group, st);
+    timeline_mark(p, 1, 0, 11);
   }
 
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
@@ -368,6 +371,7 @@ struct FusedForwardRs {
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 
     StateAcc st;
+    timeline_mark(p, 1, 0, 10);
     load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
     to_fragments<8>(st, st_frag);

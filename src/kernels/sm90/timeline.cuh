@@ -7,14 +7,15 @@
 // 6 -W~ waited, 7 ready (v5: 3 K K^T, 4 L stored, 5 X formed, 8 / 9 the inverse's diagonal / 16 -> 32
 // stages done); state: 0 top, 1 ready seen, 2 Vd (and QS) waited, 3 update issued,
 // 4 update waited, 5 chunk done (v5: 7 U^T and QS^T waited, 8 W formed, 9 Ag half stored, 6 Ag's barrier
-// passed). bench/timeline.py reads them.
+// passed). v4 and v5, both roles, in chunk 0's row: 10 item start, 11 item end (the last chunk's o and
+// the final state stored for the state groups). bench/timeline.py reads them.
 #pragma once
 
 #include "kernels/sm90/params.h"
 
 namespace flashgdn::kern {
 
-inline constexpr int kTimelineChunks = 128, kTimelineEvents = 10;
+inline constexpr int kTimelineChunks = 128, kTimelineEvents = 12;
 
 __device__ __forceinline__ void timeline_mark(const ForwardParams& p, int role, int64_t chunk, int event) {
 #ifdef FLASHGDN_TIMELINE
