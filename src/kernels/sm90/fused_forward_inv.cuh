@@ -195,18 +195,13 @@ struct FusedForwardInv {
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 
     StateAcc st;
-    timeline_mark(p, 1, 0, 10);
-    Rs::load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
-    Rs::template to_fragments<8>(st, st_frag);
+    Rs::start_item(p, item, group, st, st_frag);
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
+      const int buf = Rs::wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
-      timeline_mark(p, 1, c, 0);
-      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 1, c, 1);
 
       // U^T = S^T K^T and QS^T = S^T Q^T (both done before W: S^T's fragments stay pinned while a
       // product reading them runs, and beside W they would not fit).

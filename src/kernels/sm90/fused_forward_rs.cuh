@@ -364,25 +364,36 @@ struct FusedForwardRs {
     timeline_mark(p, 1, 0, 11);
   }
 
+  // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments.
+  static __device__ __forceinline__ void start_item(const ForwardParams& p, const WorkItem& item, int group,
+                                                    StateAcc& st, Fragments (&st_frag)[8]) {
+    timeline_mark(p, 1, 0, 10);
+    load_initial_state(item, 64 * group, st);
+    to_fragments<8>(st, st_frag);
+  }
+
+  // Chunk c's slot (c % 2) once the aux group has made it ready.
+  static __device__ __forceinline__ int wait_ready(const ForwardParams& p, uint64_t (&ready)[2], int64_t c) {
+    const int buf = static_cast<int>(c & 1);
+    timeline_mark(p, 1, c, 0);
+    tma::wait(&ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+    timeline_mark(p, 1, c, 1);
+    return buf;
+  }
+
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
   template <bool kWithO>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-
     StateAcc st;
-    timeline_mark(p, 1, 0, 10);
-    load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
-    to_fragments<8>(st, st_frag);
+    start_item(p, item, group, st, st_frag);
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
+      const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
-      timeline_mark(p, 1, c, 0);
-      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 1, c, 1);
 
       // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
       Acc vd, o;
