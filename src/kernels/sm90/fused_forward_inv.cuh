@@ -210,12 +210,7 @@ struct FusedForwardInv {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(slot.k, 16 * ks, kChunk), ks > 0);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
-                                          ks > 0);
-      }
+      if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -268,16 +263,7 @@ struct FusedForwardInv {
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
-    extern __shared__ __align__(1024) unsigned char smem_inv[];
-    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_inv);
-    run_roles<kAuxRegisters, kStateRegisters>(
-        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
-        [&](bool with_o, int h, int group) {
-          if (with_o)
-            run_state<true>(p, s, h, group);
-          else
-            run_state<false>(p, s, h, group);
-        });
+    Rs::template run_kernel<FusedForwardInv>(p, maps);
   }
 };
 

@@ -364,6 +364,14 @@ struct FusedForwardRs {
     timeline_mark(p, 1, 0, 11);
   }
 
+  // QS^T [64,64] = S^T [64,128] @ Q^T [128,64] into o, issued (the caller commits): S^T's A fragments
+  // against the slot's Q panel.
+  static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], const unsigned char* q) {
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+      wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
+  }
+
   // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments.
   static __device__ __forceinline__ void start_item(const ForwardParams& p, const WorkItem& item, int group,
                                                     StateAcc& st, Fragments (&st_frag)[8]) {
@@ -406,12 +414,7 @@ struct FusedForwardRs {
       for (int ks = 0; ks < 8; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
                                         true);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
-                                          ks > 0);
-      }
+      if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(vd);
@@ -424,18 +427,22 @@ struct FusedForwardRs {
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
-  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
-    extern __shared__ __align__(1024) unsigned char smem_rs[];
-    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_rs);
-    run_roles<kAuxRegisters, kStateRegisters>(
-        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
+  // The entry of v4 (Kernel = FusedForwardRs) and v5 (FusedForwardInv): Kernel's roles over its
+  // shared storage.
+  template <typename Kernel>
+  static __device__ __forceinline__ void run_kernel(const ForwardParams& p, const ForwardTileMaps& maps) {
+    extern __shared__ __align__(1024) unsigned char smem_fused[];
+    auto& s = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_fused);
+    run_roles<Kernel::kAuxRegisters, Kernel::kStateRegisters>(
+        p, s, [&](bool with_o, int hk, int h) { Kernel::run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
           if (with_o)
-            run_state<true>(p, s, h, group);
+            Kernel::template run_state<true>(p, s, h, group);
           else
-            run_state<false>(p, s, h, group);
+            Kernel::template run_state<false>(p, s, h, group);
         });
   }
+  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) { run_kernel<FusedForwardRs>(p, maps); }
 };
 
 template <typename Elem, typename InverseT>
