@@ -142,6 +142,12 @@ struct FusedForwardRs {
   static __device__ __forceinline__ void aux_loop(const ForwardParams& p, const ForwardTileMaps& maps, Storage& s,
                                                   bool with_o, int hk, int h, Work&& work) {
     timeline_mark(p, 0, 0, 10);
+    if (threadIdx.x == 0) {  // the descriptors' fetch under the work item's lookups
+      tma::prefetch_map(&maps.k);
+      if (with_o) tma::prefetch_map(&maps.q);
+      tma::prefetch_map(&maps.v);
+      if constexpr (kLoadAg) tma::prefetch_map(&maps.inverse);
+    }
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int b = static_cast<int>(item.batch);
