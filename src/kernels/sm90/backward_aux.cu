@@ -49,14 +49,12 @@ __global__ void qk_grads_kernel(const BackwardParams bp) {
         x[i] = to_float(raw[i]);
         sum += x[i] * x[i];
       }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      sum = warp_sum(sum);
       const float inv = rsqrtf(sum + 1e-6f);
       float ydy = 0.f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) ydy += x[i] * inv * dy[i];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) ydy += __shfl_xor_sync(0xffffffffu, ydy, offset);
+      ydy = warp_sum(ydy);
 #pragma unroll
       for (int i = 0; i < 4; ++i) dy[i] = (dy[i] - x[i] * inv * ydy) * inv;
     }

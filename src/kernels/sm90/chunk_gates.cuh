@@ -38,12 +38,7 @@ __device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, 
 __device__ __forceinline__ void store_chunk_gates(float* gcum, float* beta, const ChunkGates& gates) {
   const int lane = threadIdx.x % 32;  // one warp
   const float pair = gates.g[0] + gates.g[1];
-  float inclusive = pair;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += up;
-  }
+  const float inclusive = warp_inclusive_sum(pair);
   gcum[2 * lane] = inclusive - pair + gates.g[0];
   gcum[2 * lane + 1] = inclusive;
   beta[2 * lane] = gates.beta[0];

@@ -221,8 +221,7 @@ struct ChunkInverse {
       const int t = 2 * lane + i;
       sum += logf(fmaxf(1.f, fabsf(1.f - s.beta[v][t] * s.k_norm2[t])));
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    sum = warp_sum(sum);
     if (lane == 0) p.chunk_window_terms[blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h] = s.gcum[v][kChunk - 1] / kLog2e + sum;
   }
 

@@ -94,8 +94,7 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
         const int64_t t = at.bos + c * kChunk + 32 * (half % 2) + lane;
         if (t < at.eos) term = window_term<Elem>(p, b, t, h, hk);
       }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) term += __shfl_xor_sync(0xffffffffu, term, offset);
+      term = warp_sum(term);
       if (lane == 0) half_sums[half] = term;
     }
     __syncthreads();
@@ -134,13 +133,8 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
   for (int64_t tile0 = 0; tile0 < chunks; tile0 += kWindowThreads) {
     const int64_t step = tile0 + threadIdx.x;
     const bool valid = step < chunks;
-    float running = valid ? p.chunk_window_terms[(first_id + (leading ? step : chunks - 1 - step)) * p.num_v_heads + h]
-                          : 0.f;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const float up = __shfl_up_sync(0xffffffffu, running, offset);
-      if (lane >= offset) running += up;
-    }
+    float running = warp_inclusive_sum(
+        valid ? p.chunk_window_terms[(first_id + (leading ? step : chunks - 1 - step)) * p.num_v_heads + h] : 0.f);
     if (lane == 31) warp_totals[warp] = running;
     if (threadIdx.x == 0) first_crossing = kWindowThreads;
     __syncthreads();

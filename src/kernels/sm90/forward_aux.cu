@@ -30,8 +30,7 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
     x[i] = to_float(in[i]);
     sum += x[i] * x[i];
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sum = warp_sum(sum);
   const float inv = rsqrtf(sum + 1e-6f);
   Elem* out = dst + row * kHeadDim + 4 * lane;
   store_pair(out, x[0] * inv, x[1] * inv);

@@ -315,8 +315,7 @@ struct FusedBackward {
       if constexpr (!kStateGradOnly) {  // <dS, S> over this thread's dS elements
         float dot = 0.f;
         for_each(dstate, sm, sn, [&](int row, int col, float& x) { dot += x * to_float(s.state[row * kPitch + col]); });
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        dot = warp_sum(dot);
         if (lane == 0) s.dot_part[warp] = dot;
       }
       __syncthreads();
@@ -464,8 +463,7 @@ struct FusedBackward {
         __syncwarp();
         {  // a = rowsum(K (.) dK_a): dg_s -= 2a now, + rowsum(K (.) (dK_a + dU S^T)) in phase 5
           float total = add_row_dots(dgs, dk_acc, k_tile, wm, wn, -2.f);
-#pragma unroll
-          for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+          total = warp_sum(total);
           if (lane == 0) s.ka_part[warp] = total;
         }
       }

@@ -195,18 +195,13 @@ struct FusedForwardInv {
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 
     StateAcc st;
-    timeline_mark(p, 1, 0, 10);
-    Rs::load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
-    Rs::template to_fragments<8>(st, st_frag);
+    Rs::start_item(p, item, group, st, st_frag);
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
+      const int buf = Rs::wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
-      timeline_mark(p, 1, c, 0);
-      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 1, c, 1);
 
       // U^T = S^T K^T and QS^T = S^T Q^T (both done before W: S^T's fragments stay pinned while a
       // product reading them runs, and beside W they would not fit).
@@ -215,12 +210,7 @@ struct FusedForwardInv {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(slot.k, 16 * ks, kChunk), ks > 0);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
-                                          ks > 0);
-      }
+      if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -273,16 +263,7 @@ struct FusedForwardInv {
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
-    extern __shared__ __align__(1024) unsigned char smem_inv[];
-    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_inv);
-    run_roles<kAuxRegisters, kStateRegisters>(
-        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
-        [&](bool with_o, int h, int group) {
-          if (with_o)
-            run_state<true>(p, s, h, group);
-          else
-            run_state<false>(p, s, h, group);
-        });
+    Rs::template run_kernel<FusedForwardInv>(p, maps);
   }
 };
 

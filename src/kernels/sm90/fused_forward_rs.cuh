@@ -399,25 +399,44 @@ struct FusedForwardRs {
     timeline_mark(p, 1, 0, 11);
   }
 
+  // QS^T [64,64] = S^T [64,128] @ Q^T [128,64] into o, issued (the caller commits): S^T's A fragments
+  // against the slot's Q panel.
+  static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], const unsigned char* q) {
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+      wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
+  }
+
+  // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments.
+  static __device__ __forceinline__ void start_item(const ForwardParams& p, const WorkItem& item, int group,
+                                                    StateAcc& st, Fragments (&st_frag)[8]) {
+    timeline_mark(p, 1, 0, 10);
+    load_initial_state(item, 64 * group, st);
+    to_fragments<8>(st, st_frag);
+  }
+
+  // Chunk c's slot (c % 2) once the aux group has made it ready.
+  static __device__ __forceinline__ int wait_ready(const ForwardParams& p, uint64_t (&ready)[2], int64_t c) {
+    const int buf = static_cast<int>(c & 1);
+    timeline_mark(p, 1, c, 0);
+    tma::wait(&ready[buf], static_cast<uint32_t>((c >> 1) & 1));
+    timeline_mark(p, 1, c, 1);
+    return buf;
+  }
+
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
   template <bool kWithO>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-
     StateAcc st;
-    timeline_mark(p, 1, 0, 10);
-    load_initial_state(item, 64 * group, st);
     Fragments st_frag[8];
-    to_fragments<8>(st, st_frag);
+    start_item(p, item, group, st, st_frag);
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
+      const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
-      timeline_mark(p, 1, c, 0);
-      tma::wait(&s.ready[buf], static_cast<uint32_t>((c >> 1) & 1));
-      timeline_mark(p, 1, c, 1);
 
       // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
       Acc vd, o;
@@ -430,12 +449,7 @@ struct FusedForwardRs {
       for (int ks = 0; ks < 8; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
                                         true);
-      if constexpr (kWithO) {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(slot.q, 16 * ks, kChunk),
-                                          ks > 0);
-      }
+      if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(vd);
@@ -448,18 +462,22 @@ struct FusedForwardRs {
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
-  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
-    extern __shared__ __align__(1024) unsigned char smem_rs[];
-    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_rs);
-    run_roles<kAuxRegisters, kStateRegisters>(
-        p, s, [&](bool with_o, int hk, int h) { run_aux(p, maps, s, with_o, hk, h); },
+  // The entry of v4 (Kernel = FusedForwardRs) and v5 (FusedForwardInv): Kernel's roles over its
+  // shared storage.
+  template <typename Kernel>
+  static __device__ __forceinline__ void run_kernel(const ForwardParams& p, const ForwardTileMaps& maps) {
+    extern __shared__ __align__(1024) unsigned char smem_fused[];
+    auto& s = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_fused);
+    run_roles<Kernel::kAuxRegisters, Kernel::kStateRegisters>(
+        p, s, [&](bool with_o, int hk, int h) { Kernel::run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
           if (with_o)
-            run_state<true>(p, s, h, group);
+            Kernel::template run_state<true>(p, s, h, group);
           else
-            run_state<false>(p, s, h, group);
+            Kernel::template run_state<false>(p, s, h, group);
         });
   }
+  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) { run_kernel<FusedForwardRs>(p, maps); }
 };
 
 template <typename Elem, typename InverseT>

@@ -337,6 +337,24 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// Sum across the 32 lanes of a warp, in every lane (butterfly).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Inclusive prefix sum across the 32 lanes of a warp: lane i gets x_0 + ... + x_i.
+__device__ __forceinline__ float warp_inclusive_sum(float x) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const float up = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += up;
+  }
+  return x;
+}
+
 // 16-byte asynchronous global -> shared copy (cp.async.cg), with zero fill when !valid.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
