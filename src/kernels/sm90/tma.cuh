@@ -74,6 +74,11 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// The descriptor `map` fetched ahead of its first load (its fetch otherwise waits inside that load).
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // Box at element coordinates (inner, outer) of the tensor described by `map` into `dst`.
 __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* barrier, int inner, int outer) {
   asm volatile(
