@@ -13,7 +13,8 @@
 //                      and dq, dk of every v-head in fp32
 //   [qk_grads]         dq, dk: group sums over v-heads, L2-norm backward, cast (skipped when
 //                      Hv == Hqk without the L2 norm: the fused kernel then writes dq, dk)
-//   [zero_grad_padding]  only in varlen mode: dv, dg, dbeta of tokens past cu_seqlens[N]
+//   [zero_grad_padding]  only in varlen mode, unless the host copy of cu_seqlens shows no padding:
+//                        dv, dg, dbeta of tokens past cu_seqlens[N]
 // Shard phases (ShardPhase, always with CP): kMaps = chunk_inverse, the windows, the forward state
 // pass, the dS* pass (the first segment's too) and cp_grad_shard_maps (D); kFinish = the forward
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
@@ -195,8 +196,7 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
         !s.ok())
       return s;
   }
-  if (in.varlen.present())
-    return cuda_status(kern::launch_zero_grad_padding(bp, elem, stream), "zero_grad_padding");
+  if (may_have_padding(in)) return cuda_status(kern::launch_zero_grad_padding(bp, elem, stream), "zero_grad_padding");
   return {};
 }
 

@@ -9,6 +9,12 @@ Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(err)};
 }
 
+bool may_have_padding(const Inputs& in) {
+  if (!in.varlen.present()) return false;
+  const int64_t* cu = in.varlen.cu_seqlens_host;
+  return cu == nullptr || cu[in.varlen.num_seqs] < in.shape.seqlen;
+}
+
 int64_t chunk_bound(const Inputs& in) {
   const int64_t T = in.shape.seqlen;
   if (!in.varlen.present()) return in.shape.batch * ((T + 63) / 64);

@@ -20,6 +20,10 @@ Status cuda_status(cudaError_t err, const char* what);
 // Upper bound on the chunks of the problem (exact in batch mode and with a host cu_seqlens).
 int64_t chunk_bound(const Inputs& in);
 
+// Varlen mode: whether tokens past cu_seqlens[N] may exist (their outputs are zeroed by a padding
+// kernel); false only when the host copy of cu_seqlens shows the sequences fill every token.
+bool may_have_padding(const Inputs& in);
+
 // kNotBuilt unless the current device is sm_90.
 Status check_device();
 

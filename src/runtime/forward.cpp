@@ -9,7 +9,8 @@
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
 //     [segment_offsets], cp_windows, fused_forward (state pass), cp_correction
 //   fused_forward      per (sequence or segment, v-head): o and the final state
-//   [zero_padding]     only in varlen mode: o of tokens past cu_seqlens[N]
+//   [zero_padding]     only in varlen mode, unless the host copy of cu_seqlens shows no padding:
+//                      o of tokens past cu_seqlens[N]
 // Shard phases (ShardPhase, always with CP): kMaps stops after the state pass with cp_shard_maps
 // (E and M of the whole shard); kFinish starts at cp_correction, on kMaps' workspace.
 #include "runtime/forward.h"
@@ -294,8 +295,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
     const auto launch_decode = elem == kern::ElemKind::kBF16 ? kern::launch_recurrent_decode<kern::ElemKind::kBF16>
                                                              : kern::launch_recurrent_decode<kern::ElemKind::kF16>;
     if (auto s = cuda_status(launch_decode(p, stream), "recurrent_decode"); !s.ok()) return s;
-    return problem.in.varlen.present() ? cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding")
-                                       : Status{};
+    return may_have_padding(problem.in) ? cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding")
+                                        : Status{};
   }
   const ShardPhase phase = problem.shard_phase;
   if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
@@ -316,8 +317,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
       !s.ok())
     return s;
   if (phase == ShardPhase::kMaps) return {};
-  if (problem.in.varlen.present())
-    return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
+  if (may_have_padding(problem.in)) return cuda_status(kern::launch_zero_padding(p, elem, stream), "zero_padding");
   return {};
 }
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -16,6 +17,8 @@ namespace {
 
 template <typename Elem>
 __global__ void qk_grads_kernel(const BackwardParams bp) {
+  wait_for_previous_grid();
+  release_next_grid();
   const ForwardParams& p = bp.fwd;
   const bool is_k = blockIdx.y == 1;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -65,6 +68,8 @@ __global__ void qk_grads_kernel(const BackwardParams bp) {
 
 template <typename Elem>
 __global__ void zero_grad_padding_kernel(const BackwardParams bp) {
+  wait_for_previous_grid();
+  release_next_grid();
   const ForwardParams& p = bp.fwd;
   const int64_t first = cu_seqlens_at(p, p.num_seqs);
   // dv vectors, dg and dbeta, then (direct_qk: no qk_grads pass) dq and dk vectors
@@ -107,9 +112,9 @@ cudaError_t launch_qk_grads(const BackwardParams& bp, cudaStream_t stream) {
   const int64_t rows = p.batch * p.seqlen * p.num_qk_heads;
   if (rows == 0) return cudaSuccess;
   constexpr int kRowsPerBlock = 8;
-  qk_grads_kernel<ElemType<E>><<<dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 2),
-                                 32 * kRowsPerBlock, 0, stream>>>(bp);
-  return cudaGetLastError();
+  return launch_kernel(qk_grads_kernel<ElemType<E>>,
+                       dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 2), 32 * kRowsPerBlock,
+                       0, stream, bp);
 }
 template cudaError_t launch_qk_grads<ElemKind::kBF16>(const BackwardParams&, cudaStream_t);
 template cudaError_t launch_qk_grads<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
@@ -119,11 +124,8 @@ cudaError_t launch_zero_grad_padding(const BackwardParams& bp, ElemKind elem, cu
   const int64_t items = p.seqlen * (p.num_v_heads * (kHeadDim / 8 + 2) + 2 * p.num_qk_heads * (kHeadDim / 8));
   if (items == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, 1024));
-  if (elem == ElemKind::kBF16)
-    zero_grad_padding_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(bp);
-  else
-    zero_grad_padding_kernel<__half><<<blocks, 256, 0, stream>>>(bp);
-  return cudaGetLastError();
+  return launch_kernel(elem == ElemKind::kBF16 ? zero_grad_padding_kernel<__nv_bfloat16> : zero_grad_padding_kernel<__half>,
+                       blocks, 256, 0, stream, bp);
 }
 
 }  // namespace flashgdn::kern

@@ -4,6 +4,7 @@
 
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_backward.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/launch.h"
 
 namespace flashgdn::kern {
@@ -19,8 +20,7 @@ cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) 
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Full::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Full::kThreads, smem, stream, p);
 }
 
 }  // namespace flashgdn::kern

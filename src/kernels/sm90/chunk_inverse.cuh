@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -274,6 +275,8 @@ struct ChunkInverse {
 template <typename Elem, typename InverseT>
 __global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
     chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   ChunkInverse<Elem, InverseT>::run(p);
 }
 

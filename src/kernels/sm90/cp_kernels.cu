@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -70,6 +71,8 @@ __device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, 
 template <typename Elem>
 __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const ForwardParams p, int32_t* windows,
                                                                     bool leading) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int64_t x = blockIdx.x;
   const int h = blockIdx.y;
   const SegmentLocation at = locate_segment(p, x);
@@ -119,6 +122,8 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_kernel(const Forwar
 // by ballot. (Summed in another order than cp_windows_kernel: they may differ at rounding level.)
 __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(const ForwardParams p, int32_t* windows,
                                                                                bool leading) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int64_t x = blockIdx.x;
   const int h = blockIdx.y;
   const SegmentLocation at = locate_segment(p, x);
@@ -312,6 +317,8 @@ __device__ __forceinline__ void load_slice(SliceTile& slice, const float* state,
 }
 
 __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -377,6 +384,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
 // sequence's maps are S_0. Same thread layout, prefetching and barrier per step as the forward
 // correction, with the step's output written straight to the map (the last write is S_J).
 __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   constexpr int kSlices = kHeadDim / kSliceCols;
@@ -413,6 +422,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
 // forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
 __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(const BackwardParams bp) {
+  wait_for_previous_grid();
+  release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const ForwardParams& p = bp.fwd;
@@ -475,6 +486,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
 // (backward shard map) dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 0; D = dS_0
 // into bp.shard_grad (an empty sequence's D is zero). Same layout, prefetching and barrier per step.
 __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(const BackwardParams bp) {
+  wait_for_previous_grid();
+  release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const ForwardParams& p = bp.fwd;
@@ -508,6 +521,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
 // entering (a plain [128][128] block), S_world -> final_state (user layout and dtype, from the last
 // slice in shared memory). Same layout, prefetching and barrier per step as the corrections.
 __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const ShardScanParams a) {
+  wait_for_previous_grid();
+  release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const int64_t n = blockIdx.x;
@@ -551,6 +566,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
 // (ranks, reverse) dS_world = dht, dS_j = D_j + M_j^T dS_{j+1} for j = world-1 .. rank+1 -> d_out
 // (dht itself when this rank holds the last slice). Same layout and protocol as the corrections.
 __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(const ShardGradScanParams a) {
+  wait_for_previous_grid();
+  release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   const int64_t n = blockIdx.x;
@@ -587,6 +604,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
 
 __global__ void state_store_kernel(const float* src, float* states, const int64_t s0, const int64_t s1,
                                    const int64_t s2, const int64_t s3, bool vk) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const float* from = src == nullptr ? nullptr : src + (n * gridDim.y + h) * (kHeadDim * kHeadDim);
@@ -607,9 +626,8 @@ cudaError_t launch_segment_chain(void (*kernel)(Params), const Params& params, i
   constexpr int smem = sizeof(CorrectionStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  kernel<<<dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kSliceCols), kCorrectionThreads, smem,
-           stream>>>(params);
-  return cudaGetLastError();
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kSliceCols),
+                       kCorrectionThreads, smem, stream, params);
 }
 
 }  // namespace
@@ -626,11 +644,8 @@ template <ElemKind E>
 cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream) {
   if (p.max_segments == 0 || p.num_v_heads == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.max_segments), p.num_v_heads);
-  if (p.chunk_window_terms != nullptr)
-    cp_windows_from_chunks_kernel<<<grid, kWindowThreads, 0, stream>>>(p, windows, leading);
-  else
-    cp_windows_kernel<ElemType<E>><<<grid, kWindowThreads, 0, stream>>>(p, windows, leading);
-  return cudaGetLastError();
+  return launch_kernel(p.chunk_window_terms != nullptr ? cp_windows_from_chunks_kernel : cp_windows_kernel<ElemType<E>>,
+                       grid, kWindowThreads, 0, stream, p, windows, leading);
 }
 template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
@@ -650,9 +665,8 @@ cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream
 cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
                                int64_t num_seqs, int num_v_heads, cudaStream_t stream) {
   if (num_seqs == 0 || num_v_heads == 0 || states == nullptr) return cudaSuccess;
-  state_store_kernel<<<dim3(static_cast<unsigned>(num_seqs), num_v_heads), 256, 0, stream>>>(
-      src, states, strides[0], strides[1], strides[2], strides[3], vk);
-  return cudaGetLastError();
+  return launch_kernel(state_store_kernel, dim3(static_cast<unsigned>(num_seqs), num_v_heads), 256, 0, stream, src,
+                       states, strides[0], strides[1], strides[2], strides[3], vk);
 }
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {

@@ -9,6 +9,7 @@
 
 #include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -19,6 +20,8 @@ template <typename Elem>
 __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t tokens, int64_t heads,
                                    int64_t stride_batch, int64_t stride_token, int64_t stride_head,
                                    Elem* dst) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= batch * tokens * heads) return;
   const int lane = threadIdx.x % 32;
@@ -41,6 +44,8 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
 // with whole_items, sum_{j < i} floor(len_j / (64 chunks_per_item)): state checkpoints.
 __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item,
                                     bool whole_items) {
+  wait_for_previous_grid();
+  release_next_grid();
   __shared__ int32_t carry;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -72,6 +77,8 @@ __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int
 
 template <typename Elem>
 __global__ void zero_padding_kernel(const ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int64_t first = cu_seqlens_at(p, p.num_seqs);
   const int64_t vectors = (p.seqlen - first) * p.num_v_heads * (kHeadDim / 8);  // 16-byte vectors
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < vectors;
@@ -85,6 +92,8 @@ __global__ void zero_padding_kernel(const ForwardParams p) {
 
 // Grid (max_chunks, Hv / 4), block 128: warp w writes the record of v-head 4 blockIdx.y + w.
 __global__ void chunk_gates_kernel(const ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   const int h = 4 * blockIdx.y + threadIdx.x / 32;
   ChunkLocation where;
   if (h >= p.num_v_heads || !locate_chunk(p, blockIdx.x, where)) return;
@@ -97,8 +106,8 @@ __global__ void chunk_gates_kernel(const ForwardParams p) {
 
 cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream) {
   if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
-  chunk_gates_kernel<<<dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + 3) / 4), 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(chunk_gates_kernel, dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + 3) / 4), 128, 0,
+                       stream, p);
 }
 
 template <ElemKind E>
@@ -109,11 +118,9 @@ cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, i
   const int64_t rows = batch * tokens * heads;
   if (rows == 0) return cudaSuccess;
   constexpr int kRowsPerBlock = 8;
-  l2norm_rows_kernel<Elem><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                             32 * kRowsPerBlock, 0, stream>>>(static_cast<const Elem*>(src), batch, tokens,
-                                                              heads, stride_batch, stride_token,
-                                                              stride_head, static_cast<Elem*>(dst));
-  return cudaGetLastError();
+  return launch_kernel(l2norm_rows_kernel<Elem>, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                       32 * kRowsPerBlock, 0, stream, static_cast<const Elem*>(src), batch, tokens, heads,
+                       stride_batch, stride_token, stride_head, static_cast<Elem*>(dst));
 }
 template cudaError_t launch_l2norm_rows<ElemKind::kBF16>(const void*, int64_t, int64_t, int64_t, int64_t,
                                                          int64_t, int64_t, void*, cudaStream_t);
@@ -121,29 +128,23 @@ template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, in
                                                         int64_t, int64_t, void*, cudaStream_t);
 
 cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream) {
-  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.chunk_offsets, 1, false);
-  return cudaGetLastError();
+  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.chunk_offsets, int64_t{1}, false);
 }
 
 cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream) {
-  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.segment_offsets, p.segment_chunks, false);
-  return cudaGetLastError();
+  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.segment_offsets, p.segment_chunks, false);
 }
 
 cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream) {
-  item_offsets_kernel<<<1, 1024, 0, stream>>>(p, p.checkpoint_offsets, p.checkpoint_chunks, true);
-  return cudaGetLastError();
+  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.checkpoint_offsets, p.checkpoint_chunks, true);
 }
 
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream) {
   const int64_t vectors = p.seqlen * p.num_v_heads * (kHeadDim / 8);  // bound: padding <= seqlen
   if (vectors == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((vectors + 255) / 256, 1024));
-  if (elem == ElemKind::kBF16)
-    zero_padding_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p);
-  else
-    zero_padding_kernel<__half><<<blocks, 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(elem == ElemKind::kBF16 ? zero_padding_kernel<__nv_bfloat16> : zero_padding_kernel<__half>,
+                       blocks, 256, 0, stream, p);
 }
 
 }  // namespace flashgdn::kern

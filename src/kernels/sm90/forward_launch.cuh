@@ -11,6 +11,7 @@
 #include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/fused_forward_ws.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/tensor_map.h"
 
@@ -42,8 +43,7 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(grouped));
-  kernel<<<grid, Kernel::kThreads, smem, stream>>>(grouped);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
 }
 
 // One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]);
@@ -56,8 +56,7 @@ cudaError_t launch_per_item(void (*kernel)(ForwardParams, Extra...), const Forwa
       err != cudaSuccess)
     return err;
   const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * ctas_per_head, p.cp_pass == kCpStatePass ? 2 : 1);
-  kernel<<<grid, Kernel::kThreads, smem, stream>>>(p, extra...);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, p, extra...);
 }
 
 template <ElemKind E, InverseKind I>

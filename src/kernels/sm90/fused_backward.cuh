@@ -51,6 +51,7 @@
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -611,6 +612,8 @@ struct FusedBackward {
 
 template <typename Elem, bool kStateGradOnly>
 __global__ void __launch_bounds__(256, 1) fused_backward_kernel(const __grid_constant__ BackwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedBackward<Elem, kStateGradOnly>::run(p);
 }
 

@@ -33,6 +33,7 @@
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
@@ -304,6 +305,8 @@ struct FusedForward {
 
 template <typename Elem, typename InverseT, int kVSplit>
 __global__ void __launch_bounds__(256, 1) fused_forward_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedForward<Elem, InverseT, kVSplit>::run(p);
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/warpgroup_inverse.cuh"
 
 namespace flashgdn::kern {
@@ -270,6 +271,8 @@ struct FusedForwardInv {
 template <typename Elem>
 __global__ void __launch_bounds__(384, 1) fused_forward_inv_kernel(const __grid_constant__ ForwardParams p,
                                                                    const __grid_constant__ ForwardTileMaps maps) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedForwardInv<Elem>::run(p, maps);
 }
 

@@ -43,6 +43,7 @@
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/tensor_map.h"
 
 namespace flashgdn::kern {
@@ -483,6 +484,8 @@ struct FusedForwardRs {
 template <typename Elem, typename InverseT>
 __global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p,
                                                                   const __grid_constant__ ForwardTileMaps maps) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedForwardRs<Elem, InverseT>::run(p, maps);
 }
 

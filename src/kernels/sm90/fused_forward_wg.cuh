@@ -37,6 +37,7 @@
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/wgmma.cuh"
@@ -427,6 +428,8 @@ struct FusedForwardWg {
 
 template <typename Elem, typename InverseT>
 __global__ void __launch_bounds__(256, 1) fused_forward_wg_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedForwardWg<Elem, InverseT>::run(p);
 }
 

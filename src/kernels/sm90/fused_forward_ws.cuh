@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "kernels/sm90/fused_forward_wg.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 
@@ -395,6 +396,8 @@ struct FusedForwardWs {
 
 template <typename Elem, typename InverseT>
 __global__ void __launch_bounds__(384, 1) fused_forward_ws_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   FusedForwardWs<Elem, InverseT>::run(p);
 }
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/elem_types.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -27,6 +28,8 @@ constexpr int kRows = kHeadDim / 2;     // state rows per thread
 
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_previous_grid();
+  release_next_grid();
   __shared__ float q[kHeadDim], k[kHeadDim];
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y;
@@ -88,9 +91,8 @@ __global__ void __launch_bounds__(kThreads) recurrent_decode_kernel(const __grid
 template <ElemKind E>
 cudaError_t launch_recurrent_decode(const ForwardParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.num_v_heads == 0) return cudaSuccess;
-  recurrent_decode_kernel<ElemType<E>>
-      <<<dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(recurrent_decode_kernel<ElemType<E>>, dim3(static_cast<unsigned>(p.num_seqs), p.num_v_heads),
+                       kThreads, 0, stream, p);
 }
 template cudaError_t launch_recurrent_decode<ElemKind::kBF16>(const ForwardParams&, cudaStream_t);
 template cudaError_t launch_recurrent_decode<ElemKind::kF16>(const ForwardParams&, cudaStream_t);

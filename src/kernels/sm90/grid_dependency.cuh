@@ -1,0 +1,55 @@
+// Programmatic dependent launch (PDL) between the library's kernels on one stream.
+//
+// Every kernel is launched through launch_kernel, which allows programmatic stream serialization:
+// the next kernel's CTAs may be scheduled while the previous kernel still runs (in its last wave,
+// once each of its CTAs has called release_next_grid), so the launch and the fill of the next grid
+// overlap the previous one's tail instead of following it. Correctness rests on the device side:
+// the first statement of every kernel is wait_for_previous_grid() (griddepcontrol.wait), which
+// returns once the previous grid of the stream has completed and its writes are visible; since
+// every kernel waits before it touches global memory, the order is transitive along the stream
+// (tests/cpu/kernel_sources_check.py checks that each __global__ function starts with the wait and
+// that no kernel is launched with <<<>>>). Without the launch attribute the wait returns at once.
+// FLASHGDN_PDL=0 in the environment launches without the attribute (A/B timing).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace flashgdn::kern {
+
+// Blocks until the stream's previous grid has completed and its memory operations are visible.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the stream's next grid launch once every CTA of this one has called it (or exited).
+__device__ __forceinline__ void release_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+inline bool programmatic_launch_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FLASHGDN_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed
+// (unless FLASHGDN_PDL=0); the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace flashgdn::kern
