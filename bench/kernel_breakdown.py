@@ -1,7 +1,10 @@
 """Where a forward call's time goes: per configuration, the whole call by CUDA-graph replay (median,
 as the benchmark times it) beside each kernel's device time, averaged over warm eager calls
 (torch.profiler / CUPTI), and the rest (launch gaps and idle between kernels). The call is the
-benchmark's (chunk_gated_delta_rule with the host lengths: auto kernel, auto CP).
+benchmark's (chunk_gated_delta_rule with the host lengths: auto kernel, auto CP). The kernels are
+launched with programmatic dependent launch (FLASHGDN_PDL, default on), under which a kernel starts
+early and waits for the previous one, so its CUPTI time would include the wait: the kernel times come
+from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as the environment says).
 
     python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV[:KERNEL[:CP]] ...] [--calls N]
         (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
@@ -14,8 +17,11 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import json
+import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import torch
@@ -42,7 +48,7 @@ def short_name(name: str) -> str:
 KERNELS = {"rs": 4, "inv": 5}
 
 
-def breakdown(spec: str, calls: int) -> None:
+def call_of(spec: str):
     shape, hqk, hv, *pinned = spec.split(":")
     count, length = shape.split("x")
     lengths = [int(n) for n in length.split("+")] * int(count)
@@ -59,7 +65,12 @@ def breakdown(spec: str, calls: int) -> None:
     else:
         fn = lambda: flashgdn.chunk_gated_delta_rule(**x, scale=inp["scale"], cu_seqlens=inp["cu"],  # noqa: E731
                                                      output_final_state=True, cu_seqlens_cpu=inp["cu_cpu"])
-    whole_ms = time_graph(fn)
+    return fn
+
+
+def kernel_times(spec: str, calls: int) -> dict[str, list[float]]:
+    """name: [us per call, launches per call], CUPTI over `calls` warm eager calls."""
+    fn = call_of(spec)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -76,20 +87,32 @@ def breakdown(spec: str, calls: int) -> None:
                 name = name.split(" ")[0]
             per_kernel[short_name(name)] += event.device_time / calls  # us
             launches[short_name(name)] += 1
-    total_us = sum(per_kernel.values())
-    print(f"{spec}: whole call {1000 * whole_ms:.1f} us (graph), kernels {total_us:.1f} us, "
-          f"rest {1000 * whole_ms - total_us:.1f} us")
-    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
-        print(f"    {us:8.1f} us  {name} (x{launches[name] / calls:g})")
+    return {name: [us, launches[name] / calls] for name, us in per_kernel.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("configs", nargs="*", default=DEFAULT)
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--kernel-times-json", action="store_true", help="(internal) print the kernel times as JSON")
     args = parser.parse_args()
+    if args.kernel_times_json:
+        print(json.dumps({spec: kernel_times(spec, args.calls) for spec in args.configs}))
+        return
+    pdl = os.environ.get("FLASHGDN_PDL", "1") != "0"
+    if pdl:
+        child = subprocess.run([sys.executable, __file__, "--kernel-times-json", "--calls", str(args.calls),
+                                *args.configs], env={**os.environ, "FLASHGDN_PDL": "0"}, check=True,
+                               capture_output=True, text=True)
+        times = json.loads(child.stdout.strip().splitlines()[-1])
     for spec in args.configs:
-        breakdown(spec, args.calls)
+        whole_us = 1000 * time_graph(call_of(spec))
+        per_kernel = times[spec] if pdl else kernel_times(spec, args.calls)
+        total_us = sum(us for us, _ in per_kernel.values())
+        print(f"{spec}: whole call {whole_us:.1f} us (graph, PDL {'on' if pdl else 'off'}), kernels {total_us:.1f} us"
+              f" (PDL off), rest {whole_us - total_us:.1f} us")
+        for name, (us, launches) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0]):
+            print(f"    {us:8.1f} us  {name} (x{launches:g})")
 
 
 if __name__ == "__main__":
