@@ -181,10 +181,11 @@ TEST(PlanCp, SegmentLengthFollowsTheSqrtLaw) {
 }
 
 TEST(PlanCp, SegmentLengthGrowsLikeSqrtOfLengthWithDefaultCosts) {
-  // One v-head: the best segment counts (about 23, 45 and 91) stay within a wave of 132 SMs, where
-  // the sqrt law holds (beyond a wave the average-load bound caps the count instead).
+  // One v-head, lengths long enough that the shortest segment the model allows (min_segment_chunks)
+  // does not bind: the best segment counts stay within a wave of 132 SMs, where the sqrt law holds
+  // (beyond a wave the average-load bound caps the count instead).
   std::vector<int64_t> segment_chunks;
-  for (const int64_t length : {8192, 32768, 131072}) {
+  for (const int64_t length : {32768, 131072, 524288}) {
     const std::vector<int64_t> lengths{length};
     const CpPlan plan = plan_cp({lengths, 1, 132});
     ASSERT_TRUE(plan.enabled) << length;
