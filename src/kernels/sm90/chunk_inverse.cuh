@@ -4,10 +4,11 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where that would leave the grid under one wave: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (42 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16
+// Shared memory (43 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16
 // (padded rows), sharing its bytes with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile:
 // bf16 hi + lo [64][72] each; K is dead once K K^T is formed); StrictLower(K K^T) split the same
-// way, its diagonal blocks also in fp32 [4][16][16]; beta and gcum [4 heads][64].
+// way, its diagonal blocks also in fp32 [4][16][16]; beta, gcum and the gated write's column factors
+// [4 heads][64].
 // Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
 // its row scaling applied where L is used):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles; the
@@ -62,6 +63,7 @@ struct ChunkInverse {
     float k_norm2[kChunk];     // K K^T's diagonal, |k_t|^2 (the window terms)
     alignas(16) float beta[kMaxHeadsPerCta][kChunk];
     alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
+    alignas(16) float col_factor[kMaxHeadsPerCta][kChunk];  // gated: 2^(gcum_e - gcum_t) beta_t (write_rows)
   };
 
   // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group,
@@ -111,6 +113,13 @@ struct ChunkInverse {
         const int h = heads.first + warp;
         const ChunkGates gates = fetch_chunk_gates(p, b, where.first_token, where.rows, h);
         store_chunk_gates(s.gcum[warp], s.beta[warp], gates);
+        // write_rows' column factors (gated, bf16 inverse only): e = the last token of t's 16-block.
+        if (!std::is_same_v<InverseT, float> && p.gated_inverse) {
+          __syncwarp();
+#pragma unroll
+          for (int t = lane; t < kChunk; t += 32)
+            s.col_factor[warp][t] = exp2_approx(s.gcum[warp][16 * (t / 16) + 15] - s.gcum[warp][t]) * s.beta[warp][t];
+        }
         if (p.chunk_gates != nullptr) {
           float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
           store_chunk_gates(record, record + kChunk, gates);
@@ -201,11 +210,11 @@ struct ChunkInverse {
       }
 
       if constexpr (std::is_same_v<InverseT, float>)
-        write_rows<float>(p, s, b, where, heads.first + v, v, false);
+        write_fp32_rows(p, s, b, where, heads.first + v);
       else if (p.gated_inverse)
-        write_rows<Elem>(p, s, b, where, heads.first + v, v, true);
+        write_rows<Elem, true>(p, s, b, where, heads.first + v, v);
       else
-        write_rows<InverseT>(p, s, b, where, heads.first + v, v, false);
+        write_rows<InverseT, false>(p, s, b, where, heads.first + v, v);
       if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
     }
   }
@@ -226,47 +235,78 @@ struct ChunkInverse {
     if (lane == 0) p.chunk_window_terms[blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h] = s.gcum[v][kChunk - 1] / kLog2e + sum;
   }
 
-  // Rows of valid tokens in 16-byte vectors (8 2-byte or 4 fp32 columns, inside one 16 x 16 block:
-  // X's blocks above the diagonal are never formed and are written as zeros); gated: Ag[s, t] =
-  // 2^(gcum_s - gcum_t) X[s, t] beta_t for t <= s (the exponent is <= 0 there; above, 0).
-  template <typename Out>
-  static __device__ __forceinline__ void write_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
-                                                    const ChunkLocation& where, int h, int v, bool gated) {
-    constexpr int kVecElems = 16 / static_cast<int>(sizeof(Out));
-    constexpr int kRowVecs = kChunk / kVecElems;
-    Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
+  // The fp32 inverse's rows of valid tokens, row-major in 16-byte vectors (entries above the
+  // diagonal blocks, never formed, written as zeros; the block-major order of write_rows spills at
+  // this kernel's 64 registers).
+  static __device__ __forceinline__ void write_fp32_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
+                                                         const ChunkLocation& where, int h) {
+    constexpr int kRowVecs = kChunk / 4;
+    float* out = static_cast<float*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
     for (int e = threadIdx.x; e < where.rows * kRowVecs; e += kThreads) {
-      const int row = e / kRowVecs, col0 = (e % kRowVecs) * kVecElems;
-      float x[kVecElems];
-      if (col0 / 16 <= row / 16) {
-        s.x.values(row, col0, x);
-      } else {
+      const int row = e / kRowVecs, col0 = (e % kRowVecs) * 4;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if (col0 / 16 <= row / 16) s.x.values(row, col0, x);
+      store_global_16(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0, __float_as_uint(x[0]),
+                      __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3]));
+    }
+  }
+
+  // The 2-byte inverse's rows of valid tokens in 16-byte vectors, block-major: a warp's 32 vectors
+  // lie in one 16 x 16 block (block b = 4 R + C of the 4 x 4; its vector i: row 16 R + i / 2,
+  // columns 16 C + 8 (i % 2) on), so that all lanes of a warp take one path. Blocks above the
+  // diagonal (never formed) are written as zeros without reading X. kGated (v4's forward: Ag[s, t] =
+  // 2^(gcum_s - gcum_t) X[s, t] beta_t for t <= s, 0 above): on the diagonal blocks per element
+  // (masked to t <= s, where the power may overflow); below them the exponent splits at the block
+  // column's last token e = 16 C + 15 (t <= e < s): 2^(gcum_s - gcum_e) once per vector times
+  // col_factor[t] = 2^(gcum_e - gcum_t) beta_t, both exponents <= 0 (no overflow; a product below
+  // fp32's range is 0 either way).
+  template <typename Out, bool kGated>
+  static __device__ __forceinline__ void write_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
+                                                    const ChunkLocation& where, int h, int v) {
+    static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
+    constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
+    Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
+    for (int e = threadIdx.x; e < 16 * 16 * kBlockVecs; e += kThreads) {
+      const int block = e / (16 * kBlockVecs), i = e % (16 * kBlockVecs);
+      const int block_row = block / 4, block_col = block % 4;
+      const int row = 16 * block_row + i / kBlockVecs, col0 = 16 * block_col + kVecElems * (i % kBlockVecs);
+      if (row < where.rows) {
+        float x[kVecElems];
+        if (block_col > block_row) {
 #pragma unroll
-        for (int i = 0; i < kVecElems; ++i) x[i] = 0.f;
-      }
-      if (gated) {
-        const float g_row = s.gcum[v][row];
+          for (int j = 0; j < kVecElems; ++j) x[j] = 0.f;
+        } else {
+          s.x.values(row, col0, x);
+          if constexpr (kGated) {
+            const float g_row = s.gcum[v][row];
+            if (block_col < block_row) {
+              const float row_factor = exp2_approx(g_row - s.gcum[v][16 * block_col + 15]);
 #pragma unroll
-        for (int i = 0; i < kVecElems; i += 4) {
-          const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[v][col0 + i]);
-          const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[v][col0 + i]);
-          const float g[4] = {g4.x, g4.y, g4.z, g4.w}, be[4] = {b4.x, b4.y, b4.z, b4.w};
+              for (int j = 0; j < kVecElems; j += 4) {
+                const float4 c4 = *reinterpret_cast<const float4*>(&s.col_factor[v][col0 + j]);
+                x[j] *= row_factor * c4.x, x[j + 1] *= row_factor * c4.y;
+                x[j + 2] *= row_factor * c4.z, x[j + 3] *= row_factor * c4.w;
+              }
+            } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            x[i + j] = col0 + i + j <= row ? exp2_approx(g_row - g[j]) * x[i + j] * be[j] : 0.f;
+              for (int j = 0; j < kVecElems; j += 4) {
+                const float4 g4 = *reinterpret_cast<const float4*>(&s.gcum[v][col0 + j]);
+                const float4 b4 = *reinterpret_cast<const float4*>(&s.beta[v][col0 + j]);
+                const float g[4] = {g4.x, g4.y, g4.z, g4.w}, be[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                  x[j + u] = col0 + j + u <= row ? exp2_approx(g_row - g[u]) * x[j + u] * be[u] : 0.f;
+              }
+            }
+          }
         }
-      }
-      // One st.global.v4 (NVVM split the gated branch's uint4 store into four 4-byte stores).
-      uint32_t words[4];
+        // One st.global.v4 (NVVM split the gated branch's uint4 store into four 4-byte stores).
+        uint32_t words[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (std::is_same_v<Out, float>)
-          words[i] = __float_as_uint(x[i]);
-        else
-          words[i] = pack_pair<Out>(x[2 * i], x[2 * i + 1]);
+        for (int j = 0; j < 4; ++j) words[j] = pack_pair<Out>(x[2 * j], x[2 * j + 1]);
+        store_global_16(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0, words[0], words[1], words[2],
+                        words[3]);
       }
-      store_global_16(out + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col0, words[0], words[1], words[2],
-                      words[3]);
     }
   }
 };
