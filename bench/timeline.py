@@ -54,6 +54,11 @@ def phases(row, table, done_event):
     last = max(c for c in range(TIMELINE_SHAPE[1]) if row[c, 0] > 0)
     if row[0, 10] > 0:
         out["item start to chunk 0"] = int(row[0, 0] - row[0, 10])
+        if row[1, 10] > 0:  # its steps (chunk 1's row): aux lookups and barriers, chunk 0's issue
+            out["start: lookups, barriers"] = int(row[1, 10] - row[0, 10])
+            out["start: issue"] = int(row[1, 11] - row[1, 10])
+        if row[1, 11] > 0:  # (the state's: its initial state loaded)
+            out["start: to issued / h0 loaded"] = int(row[1, 11] - row[0, 10])
     if row[0, 11] > 0 and last + 1 < TIMELINE_SHAPE[1]:
         out["last chunk to item end"] = int(row[0, 11] - row[last, done_event])
         out[f"item ({last + 1} chunks)"] = int(row[0, 11] - row[0, 10])

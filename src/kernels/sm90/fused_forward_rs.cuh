@@ -180,7 +180,9 @@ struct FusedForwardRs {
         if (load_v) tma::load_4d(slot.v + panel * kPanelBytes, &maps.v, loaded, 64 * panel, h, t0, b);
       }
     };
+    timeline_mark(p, 0, 1, 10);
     if (num_chunks > 0 && threadIdx.x == 0) issue(0);
+    timeline_mark(p, 0, 1, 11);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
@@ -413,6 +415,7 @@ struct FusedForwardRs {
                                                     StateAcc& st, Fragments (&st_frag)[8]) {
     timeline_mark(p, 1, 0, 10);
     load_initial_state(item, 64 * group, st);
+    timeline_mark(p, 1, 1, 11);
     to_fragments<8>(st, st_frag);
   }
 

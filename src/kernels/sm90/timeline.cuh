@@ -8,7 +8,9 @@
 // stages done); state: 0 top, 1 ready seen, 2 Vd (and QS) waited, 3 update issued,
 // 4 update waited, 5 chunk done (v5: 7 U^T and QS^T waited, 8 W formed, 9 Ag half stored, 6 Ag's barrier
 // passed). v4 and v5, both roles, in chunk 0's row: 10 item start, 11 item end (the last chunk's o and
-// the final state stored for the state groups). bench/timeline.py reads them.
+// the final state stored for the state groups); in chunk 1's row, the item start's steps: aux 10
+// lookups and barriers initialised, 11 chunk 0's loads issued; state 11 initial state loaded.
+// bench/timeline.py reads them.
 #pragma once
 
 #include "kernels/sm90/params.h"
