@@ -1,6 +1,7 @@
 """The ordering rule of programmatic dependent launch (src/kernels/sm90/grid_dependency.cuh), checked
 on the sources: every kernel of the library (__global__ under src/kernels) starts with
-wait_for_previous_grid(), and none is launched with <<<>>> (launch_kernel sets the attribute).
+wait_for_previous_grid() (unconditional, or under a condition whose other case waits later: the fused
+forwards' early start), and none is launched with <<<>>> (launch_kernel sets the attribute).
 A kernel launched with the attribute that touched memory before the wait could race the previous
 kernel of the stream; one launched with <<<>>> would not overlap at all."""
 
@@ -30,7 +31,7 @@ def main() -> int:
             kernel = re.search(r"(\w+)\s*\(", re.sub(r"__launch_bounds__\s*\([^)]*\)", "", signature))
             first = text[body + 1:].lstrip()
             kernels += 1
-            if not first.startswith("wait_for_previous_grid();"):
+            if not re.match(r"(if \([^;{]*\) )?wait_for_previous_grid\(\);", first):
                 problems.append(f"{name}: kernel {kernel.group(1) if kernel else '?'} does not start with "
                                 f"wait_for_previous_grid()")
     for problem in problems:
