@@ -271,8 +271,8 @@ struct FusedForwardInv {
 template <typename Elem>
 __global__ void __launch_bounds__(384, 1) fused_forward_inv_kernel(const __grid_constant__ ForwardParams p,
                                                                    const __grid_constant__ ForwardTileMaps maps) {
-  // Without CP the wait comes later, in each role (early start: FusedForwardRs::aux_loop, start_item).
-  if (p.cp_pass != kNoCp) wait_for_previous_grid();
+  // Without CP the wait comes later, in each role (fused_forward_starts_early).
+  if (!fused_forward_starts_early(p)) wait_for_previous_grid();
   release_next_grid();
   FusedForwardInv<Elem>::run(p, maps);
 }

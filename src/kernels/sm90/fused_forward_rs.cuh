@@ -48,6 +48,16 @@
 
 namespace flashgdn::kern {
 
+// Early start of v4 and v5 (no CP): the kernel's CTAs may run while the previous kernel of the
+// stream (the chunk inverse or the gate records) drains, so the item's lookups and the initial
+// state's loads (~14k cycles at a wave's start, timeline 08a9f64) overlap it: they read only the
+// call's inputs and tables written two or more kernels back (complete: the previous kernel started
+// after waiting for them). Each role waits before what the previous kernel writes: the aux before
+// chunk 0's tiles (aux_loop), the state groups after the initial state (start_item; they read only
+// what the aux's tiles bring). With CP the kernel waits first: the main pass starts from
+// cp_correction's states, the state pass's items read cp_windows' windows.
+__device__ __forceinline__ bool fused_forward_starts_early(const ForwardParams& p) { return p.cp_pass == kNoCp; }
+
 template <typename Elem, typename InverseT>
 struct FusedForwardRs {
   using Aux = FusedForwardWs<Elem, InverseT>;
@@ -181,7 +191,7 @@ struct FusedForwardRs {
       }
     };
     timeline_mark(p, 0, 1, 10);
-    if (p.cp_pass == kNoCp) wait_for_previous_grid();  // early start: the tiles read the chunk inverse's output
+    if (fused_forward_starts_early(p)) wait_for_previous_grid();  // the tiles read the chunk inverse's output
     if (num_chunks > 0 && threadIdx.x == 0) issue(0);
     timeline_mark(p, 0, 1, 11);
 #pragma unroll 1
@@ -411,21 +421,14 @@ struct FusedForwardRs {
       wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
   }
 
-  // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments.
-  // Early start (no CP): the kernel's CTAs may run while the previous kernel of the stream (the chunk
-  // inverse or the gate records) drains, so the item's lookups and the initial state's loads (~14k
-  // cycles at a wave's start, timeline 08a9f64) overlap it: they read only the call's inputs and
-  // tables written two or more kernels back (complete: the previous kernel started after waiting for
-  // them). Each role waits before what the previous kernel writes: the aux before chunk 0's tiles,
-  // the state groups after the initial state (they read only what the aux's tiles bring). With CP
-  // the kernel waits first: the main pass starts from cp_correction's states, the state pass's
-  // items read cp_windows' windows.
+  // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments (the
+  // initial state loaded before the wait under the early start).
   static __device__ __forceinline__ void start_item(const ForwardParams& p, const WorkItem& item, int group,
                                                     StateAcc& st, Fragments (&st_frag)[8]) {
     timeline_mark(p, 1, 0, 10);
     load_initial_state(item, 64 * group, st);
     timeline_mark(p, 1, 1, 11);
-    if (p.cp_pass == kNoCp) wait_for_previous_grid();
+    if (fused_forward_starts_early(p)) wait_for_previous_grid();
     to_fragments<8>(st, st_frag);
   }
 
@@ -497,8 +500,8 @@ struct FusedForwardRs {
 template <typename Elem, typename InverseT>
 __global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p,
                                                                   const __grid_constant__ ForwardTileMaps maps) {
-  // Without CP the wait comes later, in each role (early start: FusedForwardRs::aux_loop, start_item).
-  if (p.cp_pass != kNoCp) wait_for_previous_grid();
+  // Without CP the wait comes later, in each role (fused_forward_starts_early).
+  if (!fused_forward_starts_early(p)) wait_for_previous_grid();
   release_next_grid();
   FusedForwardRs<Elem, InverseT>::run(p, maps);
 }

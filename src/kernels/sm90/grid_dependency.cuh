@@ -9,8 +9,8 @@
 // every kernel waits before it touches global memory, the order is transitive along the stream
 // (tests/cpu/kernel_sources_check.py checks that each __global__ function starts with the wait and
 // that no kernel is launched with <<<>>>). Without the launch attribute the wait returns at once.
-// One exception, the early start of the warp-specialized forwards without CP (FusedForwardRs::
-// start_item): their roles wait later, after loads of the call's inputs and of tables written two or
+// One exception, the early start of the warp-specialized forwards without CP
+// (fused_forward_starts_early, fused_forward_rs.cuh): their roles wait later, after loads of the call's inputs and of tables written two or
 // more kernels back, which the previous kernel's own wait has ordered.
 // FLASHGDN_PDL=0 in the environment launches without the attribute (A/B timing).
 #pragma once
