@@ -10,6 +10,8 @@ from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as t
         (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
     LENGTH may list the sequences' lengths '+'-joined (1x1024+7168). KERNEL (rs, inv) pins the fused kernel
     through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
+    KERNEL bwd times the backward call instead (chunk_gated_delta_rule_bwd with the host lengths, as the
+    benchmark's bwd rows; CP auto, off or a segment length as above).
 """
 
 from __future__ import annotations
@@ -52,9 +54,15 @@ def call_of(spec: str):
     shape, hqk, hv, *pinned = spec.split(":")
     count, length = shape.split("x")
     lengths = [int(n) for n in length.split("+")] * int(count)
-    inp = make_inputs(lengths, int(hqk), int(hv))
+    inp = make_inputs(lengths, int(hqk), int(hv), backward=bool(pinned) and pinned[0] == "bwd")
     x = inp["x"]
-    if pinned:
+    if pinned and pinned[0] == "bwd":
+        cp = pinned[1] if len(pinned) > 1 else "auto"
+        mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))
+        fn = lambda: flashgdn.chunk_gated_delta_rule_bwd(  # noqa: E731
+            x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"], inp["cu"],
+            inp["scale"], False, False, inp["cu_cpu"], mode, segment)
+    elif pinned:
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))
         o = torch.empty_like(x["v"])
