@@ -4,9 +4,11 @@
 // Launch sequence (the pre-pass recomputes what the forward does not keep):
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   [chunk_offsets]    only in varlen mode
-//   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it)
-//   fused_forward      o not written; the bf16 state entering every chunk into chunk_states
-//                      (with CP: [segment_offsets], leading windows, then the CP forward passes)
+//   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it), and
+//                      for the pre-pass Ag in the input dtype and the chunks' gate records
+//   fused_forward      the register-state forward (v4) on Ag, o not written; S^T entering every
+//                      chunk into chunk_states, in the input dtype (with CP: [segment_offsets],
+//                      leading windows, then the CP forward passes)
 //   [fused_backward<dS only>, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   fused_backward     per (sequence or segment, v-head), chunks last to first: dv, dg, dbeta, dh0,
@@ -20,8 +22,9 @@
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
 // d_final_state and the rest, on kMaps' workspace.
 //
-// Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; chunk_states [chunks, Hv, 128, 128]
-// in q's dtype; dq_heads, dk_heads fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
+// Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
+// [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; dq_heads, dk_heads
+// fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -34,7 +37,7 @@ namespace {
 
 struct BackwardLayout {
   InputLayout inputs;
-  std::size_t inverse = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
+  std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
@@ -56,6 +59,10 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   std::size_t offset = layout.inputs.end;
   layout.inverse = offset;
   offset = align_up(offset + tokens_heads * 64 * sizeof(float));
+  layout.gated_inverse = offset;
+  offset = align_up(offset + tokens_heads * 64 * 2);
+  layout.chunk_gates = offset;
+  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * sizeof(float));
   layout.chunk_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
   if (!direct_qk(in)) {
@@ -108,6 +115,8 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   kern::ForwardParams& p = bp.fwd;
   if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p); !s.ok()) return s;
   p.inverse = ws + layout.inverse;
+  p.gated_inverse_out = ws + layout.gated_inverse;
+  p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;
   const ShardPhase phase = problem.shard_phase;
@@ -132,10 +141,15 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
-  if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kF32, ws + layout.chunk_states, stream, 0,
-                                     FusedKernel::kAuto, stages);
+  // The pre-pass (v4) reads Ag and the gate records; the fused backward A_r.
+  p.inverse = p.gated_inverse_out;
+  p.gated_inverse = true;
+  if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
+                                     FusedKernel::kRegisterState, stages);
       !s.ok())
     return s;
+  p.inverse = ws + layout.inverse;
+  p.gated_inverse = false;
 
   bp.d_o = problem.d_o.data;
   bp.d_o_strides = row_strides(problem.d_o);

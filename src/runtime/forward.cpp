@@ -151,13 +151,14 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split, FusedKernel kernel,
                              CpStages stages) {
+  if (chunk_states != nullptr && (kernel != FusedKernel::kRegisterState || p.o != nullptr))
+    return {StatusCode::kNotSupported, "chunk_states: written by the register-state forward (kernel 4) without o only"};
   const bool specialized = kernel == FusedKernel::kWarpSpecialized || kernel == FusedKernel::kRegisterState ||
                            kernel == FusedKernel::kInverseInside;
-  p.warp_specialized = kernel == FusedKernel::kWarpSpecialized && chunk_states == nullptr;
-  p.register_state = kernel == FusedKernel::kRegisterState && chunk_states == nullptr;
-  p.inverse_inside = kernel == FusedKernel::kInverseInside && chunk_states == nullptr;
-  p.wgmma = kernel == FusedKernel::kWgmma || (specialized && chunk_states != nullptr) ||
-            (kernel == FusedKernel::kAuto && forced_v_split == 0);
+  p.warp_specialized = kernel == FusedKernel::kWarpSpecialized;
+  p.register_state = kernel == FusedKernel::kRegisterState;
+  p.inverse_inside = kernel == FusedKernel::kInverseInside;
+  p.wgmma = kernel == FusedKernel::kWgmma || (kernel == FusedKernel::kAuto && forced_v_split == 0);
   auto split = [&](int64_t items) {
     return p.wgmma || specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };

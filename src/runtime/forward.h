@@ -50,12 +50,11 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
 // Points p's CP fields at the regions and launches segment_offsets (varlen).
 Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
                unsigned char* workspace, cudaStream_t stream);
-// Which fused forward kernel runs: kAuto = the register-state kernel (fused_forward_rs.cuh) with the
-// bf16 inverse in forward_with (launch_forward_passes, which the backward calls too: the wgmma
-// kernel), the mma.sync kernel when a V split is forced; kMmaSync = fused_forward.cuh (mma.sync,
-// with its V split); kWgmma = the wgmma one; kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh,
-// kInverseInside = fused_forward_inv.cuh (none of the last three for passes that write chunk_states:
-// those run the wgmma kernel).
+// Which fused forward kernel runs: kAuto = auto_forward_kernel's choice with the bf16 inverse in
+// forward_with, the wgmma kernel in launch_forward_passes (the mma.sync kernel when a V split is
+// forced); kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one;
+// kWarpSpecialized = fused_forward_ws.cuh, kRegisterState = fused_forward_rs.cuh (the only one that
+// writes chunk_states: the backward's pre-pass), kInverseInside = fused_forward_inv.cuh.
 enum class FusedKernel : int32_t {
   kAuto = 0,
   kMmaSync = 1,
@@ -79,8 +78,9 @@ enum class CpStages { kAll, kMaps, kStatePass, kFinish };
 
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
 // windows, the state pass, the correction and the main pass (or the stages asked for). Each pass's
-// kernel and V split are chosen here. chunk_states (the backward's pre-pass) is written by the
-// pass that runs whole sequences or segments from their true entering states.
+// kernel and V split are chosen here. chunk_states (the backward's pre-pass; kernel must be
+// kRegisterState and p.o null) is written by the pass that runs whole sequences or segments from
+// their true entering states.
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                              void* chunk_states, cudaStream_t stream, int32_t forced_v_split = 0,
                              FusedKernel kernel = FusedKernel::kAuto, CpStages stages = CpStages::kAll);

@@ -26,7 +26,8 @@
 //      a block row needs one barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
 // 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
-// forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; where p.chunk_gates is set,
+// forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
+// p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
 // warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
 // where p.chunk_window_terms is set (the forward's CP), head v's window term of the chunk (sum of
 // g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
@@ -108,13 +109,14 @@ struct ChunkInverse {
       cp_async_16(&s.k[row * kPitchK + vec * 8], k_chunk + (valid ? row : 0) * p.k_strides.token + vec * 8, valid);
     }
     cp_async_commit();
-    if (p.chunk_gates != nullptr || p.gated_inverse) {  // the gates too (the forward's calls)
+    const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
+    if (p.chunk_gates != nullptr || gated) {  // the gates too (the forward's calls, the backward's pre-pass)
       if (warp < heads.count) {  // warp v: head v's beta (0 past the chunk), gcum and gate record
         const int h = heads.first + warp;
         const ChunkGates gates = fetch_chunk_gates(p, b, where.first_token, where.rows, h);
         store_chunk_gates(s.gcum[warp], s.beta[warp], gates);
-        // write_rows' column factors (gated, bf16 inverse only): e = the last token of t's 16-block.
-        if (!std::is_same_v<InverseT, float> && p.gated_inverse) {
+        // write_rows' column factors (gated): e = the last token of t's 16-block.
+        if (gated) {
           __syncwarp();
 #pragma unroll
           for (int t = lane; t < kChunk; t += 32)
@@ -209,12 +211,14 @@ struct ChunkInverse {
         __syncthreads();
       }
 
-      if constexpr (std::is_same_v<InverseT, float>)
+      if constexpr (std::is_same_v<InverseT, float>) {
         write_fp32_rows(p, s, b, where, heads.first + v);
-      else if (p.gated_inverse)
-        write_rows<Elem, true>(p, s, b, where, heads.first + v, v);
-      else
-        write_rows<InverseT, false>(p, s, b, where, heads.first + v, v);
+        if (gated) write_rows<Elem, true>(p.gated_inverse_out, p, s, b, where, heads.first + v, v);
+      } else if (gated) {
+        write_rows<Elem, true>(p.inverse, p, s, b, where, heads.first + v, v);
+      } else {
+        write_rows<InverseT, false>(p.inverse, p, s, b, where, heads.first + v, v);
+      }
       if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
     }
   }
@@ -251,7 +255,7 @@ struct ChunkInverse {
     }
   }
 
-  // The 2-byte inverse's rows of valid tokens in 16-byte vectors, block-major: a warp's 32 vectors
+  // The 2-byte inverse's rows of valid tokens into `dst` in 16-byte vectors, block-major: a warp's 32 vectors
   // lie in one 16 x 16 block (block b = 4 R + C of the 4 x 4; its vector i: row 16 R + i / 2,
   // columns 16 C + 8 (i % 2) on), so that all lanes of a warp take one path. Blocks above the
   // diagonal (never formed) are written as zeros without reading X. kGated (v4's forward: Ag[s, t] =
@@ -261,11 +265,11 @@ struct ChunkInverse {
   // col_factor[t] = 2^(gcum_e - gcum_t) beta_t, both exponents <= 0 (no overflow; a product below
   // fp32's range is 0 either way).
   template <typename Out, bool kGated>
-  static __device__ __forceinline__ void write_rows(const ForwardParams& p, const SharedStorage& s, int64_t b,
-                                                    const ChunkLocation& where, int h, int v) {
+  static __device__ __forceinline__ void write_rows(void* dst, const ForwardParams& p, const SharedStorage& s,
+                                                    int64_t b, const ChunkLocation& where, int h, int v) {
     static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
     constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
-    Out* out = static_cast<Out*>(p.inverse) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
+    Out* out = static_cast<Out*>(dst) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
     for (int e = threadIdx.x; e < 16 * 16 * kBlockVecs; e += kThreads) {
       const int block = e / (16 * kBlockVecs), i = e % (16 * kBlockVecs);
       const int block_row = block / 4, block_col = block % 4;

@@ -13,7 +13,7 @@
 //
 // Shared memory (Elem rows padded to 136 / 72 elements, 226.6 KiB):
 //   kq [128][136]      K rows 0-63, Q rows 64-127
-//   state, dstate [128][136]   S entering the chunk (from chunk_states), bf16 copy of dS
+//   state, dstate [128][136]   S^T entering the chunk (chunk_states' layout), bf16 copy of dS
 //   w [64][136]        V, then W = V - Gamma U in place
 //   du_do [128][136]   rows 0-63 dU, rows 64-127 dO (s Gamma dO from phase 4), so that
 //                      [K; Q]^T [dU; s Gamma dO] is one K = 128 product
@@ -186,7 +186,7 @@ struct FusedBackward {
     return total;
   }
 
-  // K, Q, V, dO rows of the chunk (zero past the valid rows) and the entering state S.
+  // K, Q, V, dO rows of the chunk (zero past the valid rows) and the entering state S^T (chunk_states).
   static __device__ void load_chunk(const BackwardParams& bp, SharedStorage& s, int64_t b, int64_t t0, int rows,
                                     int hk, int h, int64_t chunk_id) {
     const ForwardParams& p = bp.fwd;
@@ -275,7 +275,7 @@ struct FusedBackward {
       if constexpr (!kStateGradOnly) {  // W = V - Gamma (K @ S)
         float acc[2][4][4];
         zero(acc);
-        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, k_tile, kPitch, s.state, kPitch, wm, wn, kHeadDim);
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(acc, k_tile, kPitch, s.state, kPitch, wm, wn, kHeadDim);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -315,7 +315,7 @@ struct FusedBackward {
       }
       if constexpr (!kStateGradOnly) {  // <dS, S> over this thread's dS elements
         float dot = 0.f;
-        for_each(dstate, sm, sn, [&](int row, int col, float& x) { dot += x * to_float(s.state[row * kPitch + col]); });
+        for_each(dstate, sm, sn, [&](int row, int col, float& x) { dot += x * to_float(s.state[col * kPitch + row]); });
         dot = warp_sum(dot);
         if (lane == 0) s.dot_part[warp] = dot;
       }
@@ -442,7 +442,7 @@ struct FusedBackward {
       float dq_acc[2][4][4], dk_acc[2][4][4];
       if constexpr (!kStateGradOnly) {
         zero(dq_acc);  // dQ_a = s Gamma (dO @ S^T)
-        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dq_acc, d_o, kPitch, s.state, kPitch, wm, wn, kHeadDim);
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, d_o, kPitch, s.state, kPitch, wm, wn, kHeadDim);
         zero(dk_acc);  // dK_a = rho (.) (Vd @ dS^T)
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, s.vd, kPitch, s.dstate, kPitch, wm, wn, kHeadDim);
 #pragma unroll
@@ -522,7 +522,7 @@ struct FusedBackward {
         // dq_h = dQ_a + dP @ K
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, s.dp, kPitchC, k_tile, kPitch, wm, wn, kChunk);
         // dk_h = dK_a + dU @ S^T (+ the U and rho terms of dg_s) + dP^T @ Q + (dM + dM^T) @ K
-        warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(dk_acc, du, kPitch, s.state, kPitch, wm, wn, kHeadDim);
+        warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dk_acc, du, kPitch, s.state, kPitch, wm, wn, kHeadDim);
         add_row_dots(dgs, dk_acc, k_tile, wm, wn, 1.f);
         warp_gemm<2, 4, Stored::kTransposed, Stored::kRowMajor>(dk_acc, s.dp, kPitchC, q_tile, kPitch, wm, wn, kChunk);
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dk_acc, dm_sym, kPitchC, k_tile, kPitch, wm, wn, kChunk);

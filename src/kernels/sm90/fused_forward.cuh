@@ -1,8 +1,7 @@
 // Fused chunked forward: one CTA walks the chunks of one (sequence, v-head) with the state S in
 // fp32 registers, computing W, Vd and O per chunk; W and Vd never leave shared memory.
 //
-// With chunk_states set (the backward's pre-pass), the bf16 state entering every chunk is saved
-// and o may be null. With intra-card CP the CTAs are segments instead of sequences, and a CTA's
+// o may be null (the CP state pass). With intra-card CP the CTAs are segments instead of sequences, and a CTA's
 // tokens, entering state and end state come from work_item() (sequence.cuh; passes in
 // cp_kernels.cu).
 //
@@ -74,19 +73,6 @@ struct FusedForward {
         for (int e = 0; e < 4; e += 2)
           store_pair(&s.state[acc_row(m0, i, e) * kPitchV + acc_col(n0, j, e)], state[i][j][e],
                      state[i][j][e + 1]);
-  }
-
-  // The bf16 copy of the state entering chunk c (complete since the loop's first barrier) into
-  // chunk_states, 16-byte vectors.
-  static __device__ void save_entering_state(const ForwardParams& p, const SharedStorage& s, int64_t chunk_id,
-                                             int h, int v0) {
-    Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim) + v0;
-    constexpr int kVecs = kCols / 8;
-    for (int e = threadIdx.x; e < kHeadDim * kVecs; e += kThreads) {
-      const int row = e / kVecs, vec = e % kVecs;
-      *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
-          *reinterpret_cast<const uint4*>(&s.state[row * kPitchV + vec * 8]);
-    }
   }
 
   // K and Q rows of the chunk into kq, V rows into v; rows past the chunk (and V when zero_v)
@@ -200,7 +186,6 @@ struct FusedForward {
         store_chunk_gates(s.gcum, s.beta, gates);
         if (c + 1 < num_chunks) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
-      if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h, v0);
       __syncthreads();
       const float gamma = s.gcum[kChunk - 1];
 

@@ -39,7 +39,8 @@
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
 // group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
-// Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
+// The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
+// also stores S^T's Elem fragments (the state entering the chunk) into chunk_states, 4-byte pairs.
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
@@ -432,6 +433,22 @@ struct FusedForwardRs {
     to_fragments<8>(st, st_frag);
   }
 
+  // S^T's fragments (the state entering chunk c of the item) -> chunk_states[chunk id][h], rows v:
+  // register q of k-step ks holds row 64 group + 16 w + lane / 4 + 8 (q % 2), columns
+  // 16 ks + 8 (q / 2) + 2 (lane % 4) and + 1 (the m16n8k16 A layout).
+  static __device__ __forceinline__ void save_entering_state(const ForwardParams& p, const WorkItem& item, int64_t c,
+                                                             int h, int group, const Fragments (&st_frag)[8]) {
+    const int lane = threadIdx.x % 32, row = 64 * group + 16 * ((threadIdx.x / 32) % 4) + lane / 4;
+    Elem* rows = static_cast<Elem*>(p.chunk_states) +
+                 ((item.first_chunk_id + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim) + row * kHeadDim +
+                 2 * (lane % 4);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        *reinterpret_cast<uint32_t*>(rows + 8 * (q % 2) * kHeadDim + 16 * ks + 8 * (q / 2)) = st_frag[ks][q];
+  }
+
   // Chunk c's slot (c % 2) once the aux group has made it ready.
   static __device__ __forceinline__ int wait_ready(const ForwardParams& p, uint64_t (&ready)[2], int64_t c) {
     const int buf = static_cast<int>(c & 1);
@@ -452,6 +469,7 @@ struct FusedForwardRs {
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
+      if (!kWithO && p.chunk_states != nullptr) save_entering_state(p, item, c, h, group, st_frag);
       const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
 

@@ -32,8 +32,7 @@
 //   phase 3   O [64,64] = scale (Gamma QS + P[64,64] @ Vd[64,n]) -> the Vd panel (stmatrix), copied
 //             to o in 16-byte rows under chunk c+1's phase-1 wgmmas (the last chunk's after the loop)
 //             S[:, n] = e^gamma S[:, n] + K^T[128,64] @ (rho (.) Vd)[64,n];  bf16 copy -> state
-// Passes that write no o (the CP state pass, the backward's chunk-state pass) skip QS, Q K^T, P,
-// Vd's plain copy and P Vd.
+// Passes that write no o (the CP state pass) skip QS, Q K^T, P, Vd's plain copy and P Vd.
 #pragma once
 
 #include "kernels/sm90/chunk_gates.cuh"
@@ -117,18 +116,6 @@ struct FusedForwardWg {
                   inverse_rows + src_row * p.num_v_heads * kChunk, in_chunk);
     }
     cp_async_commit();
-  }
-
-  // The bf16 copy of the state entering chunk c into chunk_states, 16-byte vectors (one swizzle
-  // unit holds 8 consecutive value columns of a row).
-  static __device__ void save_entering_state(const ForwardParams& p, SharedStorage& s, int64_t chunk_id, int h) {
-    Elem* dst = static_cast<Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
-#pragma unroll 1
-    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
-      const int row = e / 16, vec = e % 16;
-      *reinterpret_cast<uint4*>(dst + row * kHeadDim + vec * 8) =
-          *reinterpret_cast<const uint4*>(s.state + wg::tile_offset(row, vec * 8, kHeadDim));
-    }
   }
 
   // This lane's row address for x4 matrix transfers (stmatrix_x4 / ldmatrix_x4) of columns
@@ -289,7 +276,7 @@ struct FusedForwardWg {
     // group branches around the wgmmas as divergent and serialise them.
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     const int col0 = 64 * group;  // this group's value columns
-    // Passes without o (the CP state pass, the backward's chunk-state pass) skip Q entirely: its
+    // Passes without o (the CP state pass) skip Q entirely: its
     // loads, QS, QK^T, P and P Vd. Made visibly uniform like `group`.
     const bool with_o = __shfl_sync(0xffffffffu, item.write_o ? 1 : 0, 0) != 0;
 
@@ -318,7 +305,6 @@ struct FusedForwardWg {
         load_chunk(p, s, b, t0 + kChunk, chunk_rows(c + 1), hk, h, item.zero_v, with_o, buf ^ 1);
         if (warp == 0) gates = fetch_chunk_gates(p, b, t0 + kChunk, chunk_rows(c + 1), h);
       }
-      if (p.chunk_states != nullptr) save_entering_state(p, s, item.first_chunk_id + c, h);
       const float gamma = gcum[kChunk - 1];
 
       // Phase 1: U and QS of this group's columns; Ag (g0) or P (g1) under them; W.

@@ -31,7 +31,6 @@
 // 128B-swizzled panels as in wgmma.cuh); state [128][128]; vd, vd_decayed [64][128]; gcum, beta
 // [2][64] fp32 (gcum in log2 units); mbarriers ready[2] (128 arrivals: the aux group) and free[2]
 // (256: the state groups). Named barriers: 1 the aux group, 2 + g state group g.
-// Not for the backward's chunk-state pass (chunk_states): the runtime runs fused_forward_wg there.
 #pragma once
 
 #include <type_traits>

@@ -63,6 +63,8 @@ struct ForwardParams {
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   bool gated_inverse = false;        // the chunk inverse writes Ag = G (.) A_r (.) 1 beta^T in the input
                                      // dtype instead of A_r (the v4 forward, which TMAs it into place)
+  void* gated_inverse_out = nullptr;  // the fp32 chunk inverse writes Ag there too, in the input dtype
+                                      // (the backward: fp32 A_r for itself, Ag for its v4 pre-pass)
   int32_t inverse_heads_per_cta = 0;  // chunk inverse: v-heads of one q/k head per CTA, 1-4; 0: its
                                       // launcher chooses (ChunkInverse::heads_per_cta)
   float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
@@ -70,8 +72,9 @@ struct ForwardParams {
   // FLASHGDN_TIMELINE builds only (kernels/sm90/timeline.cuh): clock64() at the phase boundaries of
   // the warp-specialized forwards' CTA (0, 0, 0); null: not recorded.
   unsigned long long* timeline = nullptr;
-  // Backward pre-pass only: the state entering every chunk, dtype of q, [chunk id][hv][128][128]
-  // (K rows, V columns; chunk id = first chunk of the sequence + chunk). o may then be null.
+  // Backward pre-pass only (the v4 forward): the state entering every chunk, transposed, dtype of q,
+  // [chunk id][hv][128][128] (S^T: V rows, K columns; chunk id = first chunk of the sequence + chunk).
+  // o may then be null.
   void* chunk_states = nullptr;
 
   // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments, each
