@@ -54,7 +54,6 @@
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
-#include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
 namespace flashgdn::kern {
@@ -216,34 +215,11 @@ struct FusedBackward {
     cp_async_commit();
   }
 
-  // A_r[row][col], A_r[row][col + 1] (fp32 from the inverse workspace; col even), 0 past the valid
-  // rows or above the diagonal: one 8-byte load where both lie on or below it.
-  static __device__ __forceinline__ float2 inverse_pair(const ForwardParams& p, int64_t b, int64_t t0, int rows,
-                                                        int h, int row, int col) {
-    if (row >= rows || col > row) return make_float2(0.f, 0.f);
-    const float* at = static_cast<const float*>(p.inverse) + ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kChunk + col;
-    return col < row ? *reinterpret_cast<const float2*>(at) : make_float2(*at, 0.f);
-  }
-
-  // L2 prefetch of the next chunk's rows (the one at t0, full: only a sequence's last chunk is
-  // partial) and entering state, issued while this chunk runs.
-  static __device__ __forceinline__ void prefetch_chunk(const BackwardParams& bp, int64_t b, int64_t t0, int hk, int h,
-                                                        int64_t chunk_id) {
-    const ForwardParams& p = bp.fwd;
-    constexpr int kTensors = kStateGradOnly ? 4 : 5;  // K, Q, dO, A_r (, V)
-    for (int e = threadIdx.x; e < kTensors * kChunk; e += kThreads) {
-      const int tensor = e / kChunk, row = e % kChunk;
-      const void* at = tensor == 0   ? static_cast<const void*>(row_ptr<Elem>(p.k, p.k_strides, b, t0 + row, hk))
-                       : tensor == 1 ? static_cast<const void*>(row_ptr<Elem>(p.q, p.q_strides, b, t0 + row, hk))
-                       : tensor == 2 ? static_cast<const void*>(row_ptr<Elem>(bp.d_o, bp.d_o_strides, b, t0 + row, h))
-                       : tensor == 3 ? static_cast<const void*>(static_cast<const float*>(p.inverse) +
-                                                                ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kChunk)
-                                     : static_cast<const void*>(row_ptr<Elem>(p.v, p.v_strides, b, t0 + row, h));
-      tma::prefetch_l2(at, tensor == 3 ? kChunk * sizeof(float) : kHeadDim * sizeof(Elem));
-    }
-    if (!kStateGradOnly && threadIdx.x == 0)
-      tma::prefetch_l2(static_cast<const Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim),
-                       kHeadDim * kHeadDim * sizeof(Elem));
+  // A_r[row][col] (fp32 from the inverse workspace), 0 past the valid rows or above the diagonal.
+  static __device__ __forceinline__ float inverse_at(const ForwardParams& p, int64_t b, int64_t t0, int rows,
+                                                     int h, int row, int col) {
+    if (row >= rows || col > row) return 0.f;
+    return static_cast<const float*>(p.inverse)[((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kChunk + col];
   }
 
   static __device__ void run(const BackwardParams& bp) {
@@ -278,7 +254,6 @@ struct FusedBackward {
       const int rows = static_cast<int>(item.eos - t0 < kChunk ? item.eos - t0 : kChunk);
       __syncthreads();  // the previous chunk is done with every buffer
       load_chunk(bp, s, b, t0, rows, hk, h, item.first_chunk_id + c);
-      if (c > 0) prefetch_chunk(bp, b, t0 - kChunk, hk, h, item.first_chunk_id + c - 1);
       if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
       static_assert(sizeof(s.dgs_part) == 2 * kThreads * sizeof(float), "two dgs_part slots per thread");
       float* dgs_slots = &s.dgs_part[0][0];
@@ -324,14 +299,13 @@ struct FusedBackward {
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const int row = acc_row(cm, 0, e), col = acc_col(cn, j, e);
-            float pg[2], ag[2];
-            const float2 ar_pair = inverse_pair(p, b, t0, rows, h, row, col);
-            const float ar[2] = {ar_pair.x, ar_pair.y};
+            float pg[2], ag[2], ar[2];
 #pragma unroll
             for (int d = 0; d < 2; ++d) {
               const bool lower = row >= col + d;
               const float gate = lower ? exp2_approx(s.gcum[row] - s.gcum[col + d]) : 0.f;
               pg[d] = scale * gate * qk[0][j][e + d];
+              ar[d] = inverse_at(p, b, t0, rows, h, row, col + d);
               ag[d] = gate * ar[d] * s.beta[col + d];
             }
             store_pair(&s.pg[row * kPitchC + col], pg[0], pg[1]);
@@ -409,12 +383,11 @@ struct FusedBackward {
           for (int e = 0; e < 4; e += 2) {
             const int row = acc_row(cm, 0, e), col = acc_col(cn, j, e);
             float dp[2], dar[2];
-            const float2 ar_pair = inverse_pair(p, b, t0, rows, h, row, col);
 #pragma unroll
             for (int d = 0; d < 2; ++d) {
               const bool lower = row >= col + d;
               const float gate = lower ? exp2_approx(s.gcum[row] - s.gcum[col + d]) : 0.f;
-              const float ar = d == 0 ? ar_pair.x : ar_pair.y;
+              const float ar = inverse_at(p, b, t0, rows, h, row, col + d);
               dp[d] = scale * gate * dpg[0][j][e + d];
               const float t = dag[0][j][e + d] * gate;  // dAg (.) G
               dar[d] = t * s.beta[col + d];

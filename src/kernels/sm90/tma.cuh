@@ -74,12 +74,6 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// `bytes` (a multiple of 16, address 16-byte aligned) of contiguous global memory fetched into L2
-// (no completion to wait for: a later load finds them there).
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // The descriptor `map` fetched ahead of its first load (its fetch otherwise waits inside that load).
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
