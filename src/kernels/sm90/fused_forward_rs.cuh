@@ -37,10 +37,11 @@
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
+// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
-// also stores S^T's Elem fragments (the state entering the chunk) into chunk_states, 4-byte pairs.
+// stages S^T's Elem fragments (the state entering the chunk) in its o staging and copies them to
+// chunk_states under the chunk's first wgmmas.
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
@@ -433,20 +434,27 @@ struct FusedForwardRs {
     to_fragments<8>(st, st_frag);
   }
 
-  // S^T's fragments (the state entering chunk c of the item) -> chunk_states[chunk id][h], rows v:
-  // register q of k-step ks holds row 64 group + 16 w + lane / 4 + 8 (q % 2), columns
-  // 16 ks + 8 (q / 2) + 2 (lane % 4) and + 1 (the m16n8k16 A layout).
-  static __device__ __forceinline__ void save_entering_state(const ForwardParams& p, const WorkItem& item, int64_t c,
-                                                             int h, int group, const Fragments (&st_frag)[8]) {
-    const int lane = threadIdx.x % 32, row = 64 * group + 16 * ((threadIdx.x / 32) % 4) + lane / 4;
-    Elem* rows = static_cast<Elem*>(p.chunk_states) +
-                 ((item.first_chunk_id + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim) + row * kHeadDim +
-                 2 * (lane % 4);
+  // The backward's chunk-state pass writes no o, so a state group's o staging (o[group], 16 KiB)
+  // holds S^T entering chunk c on its way to chunk_states[chunk id][h] (rows v = 64 group ..):
+  // stage_entering_state puts S^T's fragments there by stmatrix (two 128B-swizzled panels, key
+  // columns 64 p ..; k-step ks is column block 2 (ks % 4) of panel ks / 4), copy_entering_state
+  // copies them out in 16-byte vectors (thread t: vectors t, t + 128, ..., row v / 16, columns
+  // 8 (v % 16) ..; a warp writes two whole 256-byte rows per step) under the chunk's wgmmas.
+  static __device__ __forceinline__ void stage_entering_state(unsigned char* staging, const Fragments (&st_frag)[8]) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)
+      stmatrix_x4(Tiles::fragment_rows(staging + (ks / 4) * kPanelBytes, 0, 2 * (ks % 4)), st_frag[ks]);
+  }
+  static __device__ __forceinline__ void copy_entering_state(const ForwardParams& p, const WorkItem& item, int64_t c,
+                                                             int h, int group, const unsigned char* staging) {
+    Elem* rows = static_cast<Elem*>(p.chunk_states) +
+                 ((item.first_chunk_id + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim) + 64 * group * kHeadDim;
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        *reinterpret_cast<uint32_t*>(rows + 8 * (q % 2) * kHeadDim + 16 * ks + 8 * (q / 2)) = st_frag[ks][q];
+    for (int i = 0; i < 8; ++i) {
+      const int v = threadIdx.x % 128 + 128 * i, row = v / 16, vec = v % 16;
+      *reinterpret_cast<uint4*>(rows + row * kHeadDim + vec * 8) =
+          *reinterpret_cast<const uint4*>(staging + (vec / 8) * kPanelBytes + wg::swizzled_offset(row, (vec % 8) * 8));
+    }
   }
 
   // Chunk c's slot (c % 2) once the aux group has made it ready.
@@ -468,8 +476,13 @@ struct FusedForwardRs {
     start_item(p, item, group, st, st_frag);
 
 #pragma unroll 1
+    const bool save_states = !kWithO && p.chunk_states != nullptr;
     for (int64_t c = 0; c < num_chunks; ++c) {
-      if (!kWithO && p.chunk_states != nullptr) save_entering_state(p, item, c, h, group, st_frag);
+      if (save_states) {
+        if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging
+        stage_entering_state(s.o[group], st_frag);
+        Aux::group_sync(2 + group);
+      }
       const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
 
@@ -486,6 +499,7 @@ struct FusedForwardRs {
                                         true);
       if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
+      if (save_states) copy_entering_state(p, item, c, h, group, s.o[group]);
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(o);
