@@ -9,7 +9,7 @@
 //   fused_forward      the register-state forward (v4) on Ag, o not written; S^T entering every
 //                      chunk into chunk_states, in the input dtype (with CP: [segment_offsets],
 //                      leading windows, then the CP forward passes)
-//   [fused_backward<dS only>, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
+//   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   fused_backward     per (sequence or segment, v-head), chunks last to first: dv, dg, dbeta, dh0,
 //                      and dq, dk of every v-head in fp32
@@ -185,9 +185,9 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     bp.segment_grad_ends = reinterpret_cast<float*>(ws + layout.segment_grad_ends);
     p.cp_pass = kern::kCpStatePass;
     if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' dS*
-      if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
-                                    : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
-                               "fused_backward (dS* pass)");
+      if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
+                                    : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
+                               "backward_ds_pass (dS* pass)");
           !s.ok())
         return s;
     }

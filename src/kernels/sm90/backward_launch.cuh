@@ -1,9 +1,10 @@
-// Launcher of the fused backward kernel; instantiated per element type in
+// Launchers of the fused backward kernel and the dS pass; instantiated per element type in
 // src/kernels/sm90/instantiations/backward_*.cu.
 #pragma once
 
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_backward.cuh"
+#include "kernels/sm90/fused_backward_ds.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/launch.h"
 
@@ -21,6 +22,29 @@ cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) 
       err != cudaSuccess)
     return err;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Full::kThreads, smem, stream, p);
+}
+
+// The CP dS* pass (fwd.cp_pass == kCpStatePass) on v4's ring: dO in V's tensor map, the gated
+// inverse copy (fwd.gated_inverse_out) in the inverse's, the gate records in fwd.chunk_gates.
+template <ElemKind E>
+cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream) {
+  const int64_t items = p.fwd.max_segments;
+  if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
+  if (p.fwd.cp_pass != kCpStatePass || p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
+    return cudaErrorInvalidValue;
+  using Pass = BackwardDsPass<ElemType<E>>;
+  ForwardParams boxes = p.fwd;
+  boxes.v = p.d_o;
+  boxes.v_strides = p.d_o_strides;
+  boxes.inverse = p.fwd.gated_inverse_out;
+  ForwardTileMaps maps;
+  if (encode_forward_maps(boxes, E == ElemKind::kF16, &maps) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  constexpr int smem = sizeof(typename Pass::SharedStorage);
+  auto* kernel = backward_ds_pass_kernel<ElemType<E>>;
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
+    return err;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads, smem, stream, p,
+                       maps);
 }
 
 }  // namespace flashgdn::kern

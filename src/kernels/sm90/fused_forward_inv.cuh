@@ -101,7 +101,9 @@ struct FusedForwardInv {
   // waited for came after).
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
-    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&&) {
+    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h,
+                                 [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
+                                 [&](int64_t c, int buf, auto&&) {
       {
         Acc kk;
         product_kk(s.slot[buf], kk);

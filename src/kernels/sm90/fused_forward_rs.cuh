@@ -144,16 +144,19 @@ struct FusedForwardRs {
   }
 
   // The aux group's loop over its item's chunks on the TMA ring (v4 here, v5 in
-  // fused_forward_inv.cuh): thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two
+  // fused_forward_inv.cuh, the backward's dS pass in fused_backward_ds.cuh): make_item() gives the
+  // item (pure, recomputed per role: v4 and v5 work_item, the dS pass its backward item); with
+  // kReverse the chunks run last to first (step c of the loop is chunk n - 1 - c; "chunk c" below is
+  // step c). Thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two
   // 64-column panels each; Ag with kLoadAg) and gate record into slot c % 2 on loaded[c % 2], and
   // chunk c+1's as soon as the state groups have freed slot (c+1) % 2 (after chunk c-1): it polls
   // free whenever the chunk's work calls issue_next_if_free and waits for it only after ready[c % 2].
   // Per chunk: wait loaded; a partial chunk's rows past its end zeroed; work(c, buf,
   // issue_next_if_free) (the chunk's products, fenced for the async proxy where wgmmas read them);
   // ready; then chunk c+1's loads if not issued yet (waiting for the slot).
-  template <bool kLoadAg, typename Storage, typename Work>
+  template <bool kLoadAg, bool kReverse = false, typename Storage, typename MakeItem, typename Work>
   static __device__ __forceinline__ void aux_loop(const ForwardParams& p, const ForwardTileMaps& maps, Storage& s,
-                                                  bool with_o, int hk, int h, Work&& work) {
+                                                  bool with_o, int hk, int h, MakeItem&& make_item, Work&& work) {
     timeline_mark(p, 0, 0, 10);
     if (threadIdx.x == 0) {  // the descriptors' fetch under the work item's lookups
       tma::prefetch_map(&maps.k);
@@ -161,8 +164,9 @@ struct FusedForwardRs {
       tma::prefetch_map(&maps.v);
       if constexpr (kLoadAg) tma::prefetch_map(&maps.inverse);
     }
-    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const WorkItem item = make_item();
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const auto chunk_at = [&](int64_t c) { return kReverse ? num_chunks - 1 - c : c; };
     const int b = static_cast<int>(item.batch);
     const bool load_v = !item.zero_v;
     if (threadIdx.x == 0) {
@@ -178,10 +182,10 @@ struct FusedForwardRs {
     const uint32_t bytes =
         kPanelBytes * ((kLoadAg ? 3 : 2) + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
     auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
-      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
+      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + chunk_at(c) * kChunk);
       auto& slot = s.slot[buf];
       uint64_t* loaded = &s.loaded[buf];
-      const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
+      const float* record = p.chunk_gates + ((item.first_chunk_id + chunk_at(c)) * p.num_v_heads + h) * 2 * kChunk;
       tma::arrive_expect_bytes(loaded, bytes);
       tma::load_bulk(s.gcum[buf], record, kGateBytes, loaded);
       tma::load_bulk(s.beta[buf], record + kChunk, kGateBytes, loaded);
@@ -200,7 +204,7 @@ struct FusedForwardRs {
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int buf = static_cast<int>(c & 1);
       auto& slot = s.slot[buf];
-      const int rows = Aux::chunk_rows(item, c);
+      const int rows = Aux::chunk_rows(item, chunk_at(c));
       // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
       bool next_issued = c + 1 >= num_chunks;
       auto issue_next_if_free = [&] {
@@ -238,7 +242,8 @@ struct FusedForwardRs {
   // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
-    aux_loop<true>(p, maps, s, with_o, hk, h, [&](int64_t c, int buf, auto&& issue_next_if_free) {
+    aux_loop<true>(p, maps, s, with_o, hk, h, [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
+                   [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
       chunk_products(p, s.slot[buf], s.gcum[buf], with_o, c, issue_next_if_free);
       wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
@@ -475,8 +480,8 @@ struct FusedForwardRs {
     Fragments st_frag[8];
     start_item(p, item, group, st, st_frag);
 
-#pragma unroll 1
     const bool save_states = !kWithO && p.chunk_states != nullptr;
+#pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       if (save_states) {
         if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging

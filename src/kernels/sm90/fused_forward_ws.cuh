@@ -168,10 +168,11 @@ struct FusedForwardWs {
     }
   }
 
-  // P [64,64] = G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
+  // P [64,64] = scale G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
   // this thread's rows r, r + 8 and its columns, column_values); any slot with q, k and p tiles.
   template <typename AnySlot>
-  static __device__ __forceinline__ void product_p(AnySlot& slot, const float (&g_rows)[2], const float (&g_col)[16]) {
+  static __device__ __forceinline__ void product_p(AnySlot& slot, const float (&g_rows)[2], const float (&g_col)[16],
+                                                   float scale = 1.f) {
     Acc qk;
     wg::fence();
 #pragma unroll
@@ -183,7 +184,7 @@ struct FusedForwardWs {
     wg::fence_operand(qk);
     Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
       const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-      return row >= col ? exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
+      return row >= col ? scale * exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
     });
   }
 

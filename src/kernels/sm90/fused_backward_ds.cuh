@@ -1,0 +1,213 @@
+// The backward's dS pass (sm_90a), v4-shaped: the reverse recurrence of the state gradient alone,
+// dS (= D, [K, V]) in fp32 registers as D^T across two state warpgroups, fed by an aux warpgroup on
+// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). It runs the CP dS*
+// pass (BackwardItem with fwd.cp_pass == kCpStatePass: each segment's leading decay window from
+// dS = 0, or its given end gradient, to segment_grad_starts); the fused backward's kStateGradOnly
+// path did the same on mma.sync.
+//
+// Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
+// rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
+//   dVd^T [64v, 64t] = D^T (rho K)^T + s dO^T P                 (dVd = rho (.) (K D) + (sP)^T dO)
+//   dU^T  [64v, 64t] = dVd^T (-Ag Gamma)                          (dU = -Gamma Ag^T dVd)
+//   D^T'  [64v,128k] = e^gamma D^T + dU^T K + dO^T (s Gamma Q)   (D' = e^gamma D + K^T dU + Q^T s Gamma dO)
+// Every factor is at most 1 (gcum falls within a chunk), so no scaling overflows.
+//
+// Grid (max segments, Hv); block 384 threads = 3 warpgroups, v4's shared memory (193 KiB) and ring.
+//   aux   (warpgroup 0; v4's register budget): aux_loop<kLoadAg, kReverse> with dO in V's boxes
+//         (the launcher's tensor maps) and Ag from the gated copy of the backward's chunk inverse
+//         (fwd.gated_inverse_out), gate records from fwd.chunk_gates. Per chunk, in the slot:
+//           p     = s P                     (SS wgmma, FusedForwardWs::product_p)
+//           w_neg = rho K                   (16-byte units of K, row-scaled)
+//           q     = s Gamma Q               (in place, after P's wgmmas are done)
+//           ag    = -Ag Gamma               (in place, column-scaled)
+//   state (warpgroups 1, 2 = groups g 0, 1; v4's register budget): rows v = 64 g .. of D^T as one
+//         m64n128 accumulator and its Elem A fragments. Per chunk after ready[c % 2]:
+//           dVd^T = D^T @ (rho K)^T (RS, 8 x m64n64k16, w_neg K-major) + dO^T @ sP (SS, 4; dO's panel g
+//                   as M-major A, p as N-major B)                                 -> A fragments
+//           dU^T  = dVd^T @ (-Ag Gamma) (RS, 4; ag N-major)                        -> A fragments
+//           D^T  *= e^gamma;  D^T += dU^T @ K (RS, 4 x m64n128k16) + dO^T @ (s Gamma Q) (SS, 4)
+//           free[c % 2]; D^T -> A fragments
+//         After the item: D^T -> ds_start (fp32, the StateBlock's layout).
+#pragma once
+
+#include "kernels/sm90/fused_backward.cuh"
+#include "kernels/sm90/fused_forward_rs.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
+#include "kernels/sm90/tensor_map.h"
+
+namespace flashgdn::kern {
+
+template <typename Elem>
+struct BackwardDsPass {
+  using Rs = FusedForwardRs<Elem, __nv_bfloat16>;  // ring, roles' register budgets, state helpers
+  using Aux = typename Rs::Aux;
+  using Tiles = typename Rs::Tiles;
+  using Slot = typename Rs::Slot;
+  using SharedStorage = typename Rs::SharedStorage;
+  using Acc = typename Rs::Acc;
+  using StateAcc = typename Rs::StateAcc;
+  using Fragments = typename Rs::Fragments;
+  using Major = wg::Major;
+  static constexpr int kThreads = Rs::kThreads;
+  static constexpr int kPanelBytes = Rs::kPanelBytes;
+
+  // The ring's item: the backward item's tokens (the aux group's boxes and gate records).
+  static __device__ __forceinline__ WorkItem ring_item(const BackwardParams& bp) {
+    const BackwardItem item = backward_item(bp, blockIdx.x, blockIdx.y);
+    WorkItem ring;
+    ring.valid = item.valid;
+    ring.batch = item.batch;
+    ring.bos = item.bos;
+    ring.eos = item.eos;
+    ring.first_chunk_id = item.first_chunk_id;
+    return ring;
+  }
+
+  // Elem x 8 of a 16-byte unit times `factor`, from `from` to `to` (the same address: in place).
+  static __device__ __forceinline__ void scale_unit(const unsigned char* from, unsigned char* to, float factor) {
+    uint4 unit = *reinterpret_cast<const uint4*>(from);
+    uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = Rs::unpack_pair(words[i]);
+      words[i] = pack_pair<Elem>(factor * x.x, factor * x.y);
+    }
+    *reinterpret_cast<uint4*>(to) = unit;
+  }
+
+  // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units). The
+  // K and Q tiles' factors depend on the row (token) only, so their 16-byte units are walked in
+  // storage order (a 128B swizzle permutes units within a row); Ag's depend on the column: unit u
+  // of row r holds columns 8 (u ^ (r % 8)) ...
+  static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, float scale) {
+    const int r = Tiles::acc_row(0), tid = threadIdx.x % 128;
+    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    float g_col[16];
+    Aux::column_values(gcum, g_col);
+    Aux::product_p(slot, g_rows, g_col, scale);  // its wgmmas are done: Q may change below
+    const float gamma = gcum[kChunk - 1];
+#pragma unroll 2
+    for (int i = 0; i < 2 * kPanelBytes / 16 / 128; ++i) {  // K, Q: 2 panels of 64 rows x 8 units
+      const uint32_t at = 16 * (tid + 128 * i);
+      const int row = (at % kPanelBytes) / 128;
+      scale_unit(slot.k + at, slot.w_neg + at, exp2_approx(gamma - gcum[row]));
+      scale_unit(slot.q + at, slot.q + at, scale * exp2_approx(gcum[row]));
+    }
+#pragma unroll
+    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {  // Ag: one panel
+      const uint32_t at = 16 * (tid + 128 * i);
+      const int row = at / 128, col0 = 8 * (((at / 16) % 8) ^ (row % 8));
+      uint4 unit = *reinterpret_cast<const uint4*>(slot.ag + at);
+      uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 x = Rs::unpack_pair(words[w]);
+        words[w] = pack_pair<Elem>(-exp2_approx(gcum[col0 + 2 * w]) * x.x, -exp2_approx(gcum[col0 + 2 * w + 1]) * x.y);
+      }
+      *reinterpret_cast<uint4*>(slot.ag + at) = unit;
+    }
+  }
+
+  static __device__ __forceinline__ void run_state(const BackwardParams& bp, SharedStorage& s, int h, int group) {
+    const ForwardParams& p = bp.fwd;
+    const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int col0 = 64 * group;
+    StateAcc dt;
+    if (item.ds_end.base != nullptr) {
+      Rs::template load_stored_state<float>(item.ds_end, col0, dt);
+    } else {
+#pragma unroll
+      for (int x = 0; x < 64; ++x) dt[x] = 0.f;
+    }
+    Fragments dt_frag[8];
+    Rs::template to_fragments<8>(dt, dt_frag);
+
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = Rs::wait_ready(p, s.ready, c);
+      const Slot& slot = s.slot[buf];
+      const unsigned char* d_o = slot.v + group * kPanelBytes;  // dO came in V's boxes
+
+      // dVd^T = D^T (rho K)^T + dO^T (s P)
+      Acc dvd;
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
+                                        ks > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dvd);
+      Fragments dvd_frag[4];
+      Rs::template to_fragments<4>(dvd, dvd_frag);
+
+      // dU^T = dVd^T (-Ag Gamma)
+      Acc du;
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::descriptor<Major::kMN>(slot.ag, 16 * ks, kChunk), ks > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(du);
+      Fragments du_frag[4];
+      Rs::template to_fragments<4>(du, du_frag);
+
+      // D^T = e^gamma D^T + dU^T K + dO^T (s Gamma Q)
+      const float decay = exp2_approx(s.gcum[buf][kChunk - 1]);
+#pragma unroll
+      for (int x = 0; x < 64; ++x) dt[x] *= decay;
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk), true);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
+                                                      wg::descriptor<Major::kMN>(slot.q, k0, kChunk), true);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dt);
+      tma::arrive(&s.free[buf]);  // every read of the slot is done
+      Rs::template to_fragments<8>(dt, dt_frag);
+    }
+    if (item.ds_start.base != nullptr) Rs::store_state(item.ds_start, col0, dt);
+  }
+
+  static __device__ void run(const BackwardParams& bp, const ForwardTileMaps& maps) {
+    extern __shared__ __align__(1024) unsigned char smem_ds[];
+    auto& s = *reinterpret_cast<SharedStorage*>(smem_ds);
+    const ForwardParams& p = bp.fwd;
+    const int h = blockIdx.y;
+    if (!backward_item(bp, blockIdx.x, h).valid) return;
+    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
+    __syncthreads();
+    const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    if (role == 0) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Rs::kAuxRegisters));
+      Rs::template aux_loop<true, true>(p, maps, s, true, h / (p.num_v_heads / p.num_qk_heads), h,
+                                        [&] { return ring_item(bp); }, [&](int64_t, int buf, auto&&) {
+                                          chunk_operands(s.slot[buf], s.gcum[buf], p.scale);
+                                          wg::fence_shared_to_async();  // the operands, for the state groups
+                                        });
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Rs::kStateRegisters));
+      run_state(bp, s, h, role - 1);
+    }
+  }
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(384, 1) backward_ds_pass_kernel(const __grid_constant__ BackwardParams bp,
+                                                                  const __grid_constant__ ForwardTileMaps maps) {
+  wait_for_previous_grid();
+  release_next_grid();
+  BackwardDsPass<Elem>::run(bp, maps);
+}
+
+}  // namespace flashgdn::kern
