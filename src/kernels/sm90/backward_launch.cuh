@@ -14,14 +14,14 @@ template <ElemKind E>
 cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) {
   const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
   if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  const bool state_grad_only = p.fwd.cp_pass == kCpStatePass;
-  using Full = FusedBackward<ElemType<E>, false>;
-  constexpr int smem = sizeof(typename Full::SharedStorage);
-  auto* kernel = state_grad_only ? fused_backward_kernel<ElemType<E>, true> : fused_backward_kernel<ElemType<E>, false>;
+  if (p.fwd.cp_pass == kCpStatePass) return cudaErrorInvalidValue;  // the dS* pass: launch_backward_ds_pass
+  using Kernel = FusedBackward<ElemType<E>>;
+  constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  auto* kernel = fused_backward_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Full::kThreads, smem, stream, p);
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Kernel::kThreads, smem, stream, p);
 }
 
 // The CP dS* pass (fwd.cp_pass == kCpStatePass) on v4's ring: dO in V's tensor map, the gated

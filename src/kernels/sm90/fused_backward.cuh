@@ -60,7 +60,7 @@ namespace flashgdn::kern {
 
 // What one CTA of the fused backward does. Without CP, x is a sequence: all its chunks from dht to
 // dh0. With CP, x is a segment j of sequence n:
-//   dS* pass (kStateGradOnly, fwd.cp_pass == kCpStatePass), j >= 1 (every j with p.shard): the
+//   dS* pass (fused_backward_ds.cuh, fwd.cp_pass == kCpStatePass), j >= 1 (every j with p.shard): the
 //     segment's leading decay window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
 //   main pass: the segment from dS_{j+1} (dht for the last segment, else segment_grad_ends[x]);
 //     every gradient of its tokens; dh0 from the first segment
@@ -108,8 +108,7 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
   return item;
 }
 
-// kStateGradOnly: only the dS recurrence (no S, V, or token gradients), for the dS* pass of CP.
-template <typename Elem, bool kStateGradOnly>
+template <typename Elem>
 struct FusedBackward {
   static constexpr int kThreads = 256;
   static constexpr int kPitch = kHeadDim + 8;
@@ -203,12 +202,11 @@ struct FusedBackward {
       const int64_t src_row = in_chunk ? row : 0;
       cp_async_16(&s.kq[row * kPitch + vec * 8], k_rows + src_row * p.k_strides.token, in_chunk);
       cp_async_16(&s.kq[(kChunk + row) * kPitch + vec * 8], q_rows + src_row * p.q_strides.token, in_chunk);
-      if constexpr (!kStateGradOnly)  // V only feeds W
-        cp_async_16(&s.w[row * kPitch + vec * 8], v_rows + src_row * p.v_strides.token, in_chunk);
+      cp_async_16(&s.w[row * kPitch + vec * 8], v_rows + src_row * p.v_strides.token, in_chunk);
       cp_async_16(&s.du_do[(kChunk + row) * kPitch + vec * 8], do_rows + src_row * bp.d_o_strides.token, in_chunk);
     }
     const Elem* saved = static_cast<const Elem*>(p.chunk_states) + (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
-    for (int e = threadIdx.x; e < (kStateGradOnly ? 0 : kHeadDim * 16); e += kThreads) {
+    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
       const int row = e / 16, vec = e % 16;
       cp_async_16(&s.state[row * kPitch + vec * 8], saved + row * kHeadDim + vec * 8, true);
     }
@@ -272,7 +270,7 @@ struct FusedBackward {
       const float gamma = s.gcum[kChunk - 1];
 
       // ── Phase 1 ──────────────────────────────────────────────────────────────────────────────
-      if constexpr (!kStateGradOnly) {  // W = V - Gamma (K @ S)
+      {  // W = V - Gamma (K @ S)
         float acc[2][4][4];
         zero(acc);
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kTransposed>(acc, k_tile, kPitch, s.state, kPitch, wm, wn, kHeadDim);
@@ -313,7 +311,7 @@ struct FusedBackward {
             store_pair(&s.ar[row * kPitchC + col], ar[0], ar[1]);
           }
       }
-      if constexpr (!kStateGradOnly) {  // <dS, S> over this thread's dS elements
+      {  // <dS, S> over this thread's dS elements
         float dot = 0.f;
         for_each(dstate, sm, sn, [&](int row, int col, float& x) { dot += x * to_float(s.state[col * kPitch + row]); });
         dot = warp_sum(dot);
@@ -324,7 +322,7 @@ struct FusedBackward {
       // ── Phase 2 ──────────────────────────────────────────────────────────────────────────────
       {
         float acc[2][4][4];
-        if constexpr (!kStateGradOnly) {
+        {
           zero(acc);  // Vd = Ag @ W
           warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, s.ag, kPitchC, s.w, kPitch, wm, wn, kChunk);
 #pragma unroll
@@ -361,7 +359,7 @@ struct FusedBackward {
 
       // ── Phase 3 ──────────────────────────────────────────────────────────────────────────────
       float* dgs = s.dgs_part[warp];
-      if constexpr (!kStateGradOnly) {
+      {
         float qk[1][4][4];  // P = Q @ K^T again (cheaper than keeping it live through phase 2)
         zero(qk);
         warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, q_tile, kPitch, k_tile, kPitch, cm, cn, kHeadDim);
@@ -431,7 +429,7 @@ struct FusedBackward {
             for (int j = 0; j < 4; ++j) {
               const int col = acc_col(wn, j, 0);
               const float x0 = acc[i][j][2 * half], x1 = acc[i][j][2 * half + 1];
-              if (!kStateGradOnly && row < rows)
+              if (row < rows)
                 store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
                                h * bp.dv_strides.head + col,
                            x0, x1);
@@ -440,7 +438,7 @@ struct FusedBackward {
           }
       }
       float dq_acc[2][4][4], dk_acc[2][4][4];
-      if constexpr (!kStateGradOnly) {
+      {
         zero(dq_acc);  // dQ_a = s Gamma (dO @ S^T)
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, d_o, kPitch, s.state, kPitch, wm, wn, kHeadDim);
         zero(dk_acc);  // dK_a = rho (.) (Vd @ dS^T)
@@ -473,7 +471,7 @@ struct FusedBackward {
       // ── Phase 4 ──────────────────────────────────────────────────────────────────────────────
       Elem* x_tile = s.vd;       // X = A_r^T dA_r, pitch kPitchC
       Elem* dm_sym = s.dvd;      // dM + dM^T, pitch kPitchC
-      if constexpr (!kStateGradOnly) {
+      {
         float acc[1][4][4];
         zero(acc);
         warp_gemm<1, 4, Stored::kTransposed, Stored::kRowMajor>(acc, s.ar, kPitchC, s.pg, kPitchC, cm, cn, kChunk);
@@ -490,7 +488,7 @@ struct FusedBackward {
         store_pair(x, f * to_float(x[0]), f * to_float(x[1]));
       }
       __syncthreads();
-      if constexpr (!kStateGradOnly) {
+      {
         float y[1][4][4];  // Y = X @ A_r^T
         zero(y);
         warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(y, x_tile, kPitchC, s.ar, kPitchC, cm, cn, kChunk);
@@ -518,7 +516,7 @@ struct FusedBackward {
       __syncthreads();
 
       // ── Phase 5 ──────────────────────────────────────────────────────────────────────────────
-      if constexpr (!kStateGradOnly) {
+      {
         // dq_h = dQ_a + dP @ K
         warp_gemm<2, 4, Stored::kRowMajor, Stored::kRowMajor>(dq_acc, s.dp, kPitchC, k_tile, kPitch, wm, wn, kChunk);
         // dk_h = dK_a + dU @ S^T (+ the U and rho terms of dg_s) + dP^T @ Q + (dM + dM^T) @ K
@@ -559,7 +557,7 @@ struct FusedBackward {
       __syncthreads();
 
       // dgamma, then dg = reverse cumsum of dg_s over the chunk (warp 0, two rows per lane).
-      if (!kStateGradOnly && warp == 0) {
+      if (warp == 0) {
         float dot = 0.f, ka = 0.f;
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
@@ -610,11 +608,11 @@ struct FusedBackward {
   }
 };
 
-template <typename Elem, bool kStateGradOnly>
+template <typename Elem>
 __global__ void __launch_bounds__(256, 1) fused_backward_kernel(const __grid_constant__ BackwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
-  FusedBackward<Elem, kStateGradOnly>::run(p);
+  FusedBackward<Elem>::run(p);
 }
 
 }  // namespace flashgdn::kern
