@@ -2,8 +2,8 @@
 // dS (= D, [K, V]) in fp32 registers as D^T across two state warpgroups, fed by an aux warpgroup on
 // v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). It runs the CP dS*
 // pass (BackwardItem with fwd.cp_pass == kCpStatePass: each segment's leading decay window from
-// dS = 0, or its given end gradient, to segment_grad_starts); the fused backward's kStateGradOnly
-// path did the same on mma.sync.
+// dS = 0, or its given end gradient, to segment_grad_starts), in place of the fused backward's
+// former mma.sync dS-only path.
 //
 // Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
 // rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
