@@ -24,13 +24,16 @@ cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) 
   return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Kernel::kThreads, smem, stream, p);
 }
 
-// The CP dS* pass (fwd.cp_pass == kCpStatePass) on v4's ring: dO in V's tensor map, the gated
-// inverse copy (fwd.gated_inverse_out) in the inverse's, the gate records in fwd.chunk_gates.
+// The dS pass on v4's ring: the CP dS* pass (fwd.cp_pass == kCpStatePass) or, with
+// chunk_grad_states, the main mode (kNoCp, kCpMainPass); dO in V's tensor map, the gated inverse
+// copy (fwd.gated_inverse_out) in the inverse's, the gate records in fwd.chunk_gates.
 template <ElemKind E>
 cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t items = p.fwd.max_segments;
+  const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
   if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.fwd.cp_pass != kCpStatePass || p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
+  const bool main_mode = p.fwd.cp_pass != kCpStatePass;
+  if (main_mode != (p.chunk_grad_states != nullptr) || p.fwd.gated_inverse_out == nullptr ||
+      p.fwd.chunk_gates == nullptr)
     return cudaErrorInvalidValue;
   using Pass = BackwardDsPass<ElemType<E>>;
   ForwardParams boxes = p.fwd;

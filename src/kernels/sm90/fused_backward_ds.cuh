@@ -1,9 +1,13 @@
 // The backward's dS pass (sm_90a), v4-shaped: the reverse recurrence of the state gradient alone,
 // dS (= D, [K, V]) in fp32 registers as D^T across two state warpgroups, fed by an aux warpgroup on
-// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). It runs the CP dS*
-// pass (BackwardItem with fwd.cp_pass == kCpStatePass: each segment's leading decay window from
-// dS = 0, or its given end gradient, to segment_grad_starts); the fused backward's kStateGradOnly
-// path did the same on mma.sync.
+// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). Its items are the
+// fused backward's (backward_item):
+//   CP dS* pass (fwd.cp_pass == kCpStatePass): each segment's leading decay window from dS = 0 to
+//     segment_grad_starts;
+//   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), with
+//     bp.chunk_grad_states: dS^T leaving every chunk stored there (v4's staging: stmatrix into the
+//     group's free o staging at the chunk's top, 16-byte copies under its first wgmmas), dh0 from
+//     the first chunk of a sequence.
 //
 // Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
 // rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
@@ -28,6 +32,7 @@
 //           D^T  *= e^gamma;  D^T += dU^T @ K (RS, 4 x m64n128k16) + dO^T @ (s Gamma Q) (SS, 4)
 //           free[c % 2]; D^T -> A fragments
 //         After the item: D^T -> ds_start (fp32, the StateBlock's layout).
+//         Named barriers 2 + g (state group g): the staging's write / read order.
 #pragma once
 
 #include "kernels/sm90/fused_backward.cuh"
@@ -122,9 +127,15 @@ struct BackwardDsPass {
     }
     Fragments dt_frag[8];
     Rs::template to_fragments<8>(dt, dt_frag);
+    const bool save_states = bp.chunk_grad_states != nullptr;
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
+      if (save_states) {  // dS^T leaving chunk num_chunks - 1 - c
+        if (c > 0) Aux::group_sync(2 + group);  // the previous chunk's copy has read the staging
+        Rs::stage_state(s.o[group], dt_frag);
+        Aux::group_sync(2 + group);
+      }
       const int buf = Rs::wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
       const unsigned char* d_o = slot.v + group * kPanelBytes;  // dO came in V's boxes
@@ -141,6 +152,10 @@ struct BackwardDsPass {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
                                                      wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
       wg::commit();
+      if (save_states)
+        Rs::copy_staged_state(
+            Rs::group_rows(bp.chunk_grad_states, item.first_chunk_id + num_chunks - 1 - c, p.num_v_heads, h, group),
+            s.o[group]);
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];

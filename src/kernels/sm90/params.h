@@ -176,6 +176,10 @@ struct BackwardParams {
   // Backward shard maps (fwd.shard): fp32 [N][hv][128][128], D = the gradient reaching each
   // sequence's entering state from d_o alone (dht = 0).
   float* shard_grad = nullptr;
+  // The dS pass's main mode (fwd.cp_pass kNoCp or kCpMainPass): the state gradient leaving every
+  // chunk, transposed, dtype of q, [chunk id][hv][128][128] (dS^T: V rows, K columns; chunk_states'
+  // layout), for the gradient pass.
+  void* chunk_grad_states = nullptr;
 };
 
 }  // namespace flashgdn::kern
