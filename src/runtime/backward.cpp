@@ -25,6 +25,8 @@
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
 // [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; dq_heads, dk_heads
 // fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
+#include <cstdlib>
+
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -35,9 +37,18 @@ namespace flashgdn {
 namespace detail {
 namespace {
 
+// The split backward (work in progress, opt-in: FLASHGDN_BACKWARD_SPLIT=1): the dS pass's main mode
+// writes dS^T leaving every chunk, then the gradient pass runs every (chunk, v-head) at once, in place
+// of the fused backward.
+bool split_backward() {
+  const char* value = std::getenv("FLASHGDN_BACKWARD_SPLIT");
+  return value != nullptr && value[0] == '1';
+}
+
 struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
+  std::size_t chunk_grad_states = 0;  // split backward only
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
@@ -65,6 +76,10 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * sizeof(float));
   layout.chunk_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+  if (split_backward()) {
+    layout.chunk_grad_states = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+  }
   if (!direct_qk(in)) {
     layout.dq_heads = offset;
     offset = align_up(offset + tokens_heads * 128 * sizeof(float));
@@ -198,11 +213,24 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, stream), "cp_grad_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }
-  if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
-                                : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
-                           "fused_backward");
-      !s.ok())
+  if (layout.chunk_grad_states != 0) {  // the split backward: dS^T per chunk (and dh0), then every chunk's gradients
+    bp.chunk_grad_states = ws + layout.chunk_grad_states;
+    if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
+                                  : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
+                             "backward_ds_pass");
+        !s.ok())
+      return s;
+    if (auto s = cuda_status(bf16 ? kern::launch_backward_grads<kern::ElemKind::kBF16>(bp, stream)
+                                  : kern::launch_backward_grads<kern::ElemKind::kF16>(bp, stream),
+                             "backward_grads");
+        !s.ok())
+      return s;
+  } else if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
+                                       : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
+                                  "fused_backward");
+             !s.ok()) {
     return s;
+  }
   if (!bp.direct_qk) {
     if (auto s = cuda_status(bf16 ? kern::launch_qk_grads<kern::ElemKind::kBF16>(bp, stream)
                                   : kern::launch_qk_grads<kern::ElemKind::kF16>(bp, stream),

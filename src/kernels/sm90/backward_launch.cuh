@@ -1,7 +1,8 @@
-// Launchers of the fused backward kernel and the dS pass; instantiated per element type in
+// Launchers of the fused backward kernel, the dS pass and the gradient pass; instantiated per element type in
 // src/kernels/sm90/instantiations/backward_*.cu.
 #pragma once
 
+#include "kernels/sm90/backward_grads.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_backward.cuh"
 #include "kernels/sm90/fused_backward_ds.cuh"
@@ -48,6 +49,22 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
     return err;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads, smem, stream, p,
                        maps);
+}
+
+// The gradient pass over every (chunk, v-head): chunk_states, chunk_grad_states (the dS pass's
+// main mode), the fp32 inverse and its gated copy.
+template <ElemKind E>
+cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) {
+  if (p.fwd.max_chunks == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
+  if (p.chunk_grad_states == nullptr || p.fwd.chunk_states == nullptr || p.fwd.gated_inverse_out == nullptr)
+    return cudaErrorInvalidValue;
+  using Kernel = BackwardGrads<ElemType<E>>;
+  constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  auto* kernel = backward_grads_kernel<ElemType<E>>;
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
+    return err;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(p.fwd.max_chunks), p.fwd.num_v_heads), Kernel::kThreads,
+                       smem, stream, p);
 }
 
 }  // namespace flashgdn::kern

@@ -1,0 +1,596 @@
+// The backward's gradient pass (sm_90a, wgmma): every gradient of one chunk of one v-head from the
+// state entering the chunk (S^T, chunk_states) and the state gradient leaving it (dS^T,
+// chunk_grad_states from the dS pass's main mode, fused_backward_ds.cuh): no recurrence, so the
+// grid covers every (chunk, v-head) at once. The equations are fused_backward.cuh's per chunk
+// without the dS update (src/reference/backward_chunked.cpp, float64).
+//
+// Grid (max chunks, Hv); block 256 threads = 2 warpgroups g; one CTA per SM (216 KiB). Every
+// product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
+// and columns 32 g .. of the 64-wide ones (m64n32), except X (group 0 alone: its B is MN-major, and
+// an N offset inside a swizzled row is avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
+//
+// Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
+// [128][128]; Ag (then dM + dM^T), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
+// per-warp partial sums (fixed-order adds: deterministic).
+//
+// Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
+//   0  loads (cp.async; rows past the chunk zero): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the
+//      chunk inverse); A_r fp32 into registers in the group's [64, 32] layout, and its bf16 tile;
+//      the gates (warp 0)
+//   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
+//      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
+//   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
+//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd
+//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
+//      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
+//      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
+//      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
+//      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
+//      registers: dg_s += rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a);  <dS, S> for dgamma
+//   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
+//      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
+//      dM + dM^T with dM = diag(beta) dL -> Ag's bytes
+//   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
+//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + (dM + dM^T) K -> HBM;
+//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63, dg = reverse cumsum of dg_s,
+//      dbeta -> HBM (warp 0)
+#pragma once
+
+#include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/fused_forward_wg.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
+#include "kernels/sm90/params.h"
+#include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace flashgdn::kern {
+
+template <typename Elem>
+struct BackwardGrads {
+  using Tiles = FusedForwardWg<Elem, float>;  // accumulator coordinates, stmatrix of [64, 64] tiles
+  using Major = wg::Major;
+  using Acc = float[32];    // m64n64
+  using Acc32 = float[16];  // m64n32
+  static constexpr int kThreads = 256;
+  static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;    // [64][128]
+  static constexpr int kStateTileBytes = Tiles::kStateTileBytes;    // [128][128]
+  static constexpr int kSquareTileBytes = Tiles::kSquareTileBytes;  // [64][64]
+  static constexpr int kPanelBytes = Tiles::kPanelBytes;            // 64 rows of a 64-column panel
+  static constexpr int kStatePanelBytes = Tiles::kStatePanelBytes;  // 128 rows of a 64-column panel
+
+  struct SharedStorage {
+    alignas(1024) unsigned char k[kTokenTileBytes];
+    alignas(1024) unsigned char q[kTokenTileBytes];
+    alignas(1024) unsigned char v[kTokenTileBytes];  // V, then W
+    alignas(1024) unsigned char d_o[kTokenTileBytes];
+    alignas(1024) unsigned char st[kStateTileBytes];   // S^T entering the chunk
+    alignas(1024) unsigned char dst[kStateTileBytes];  // dS^T leaving it
+    alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM + dM^T
+    alignas(1024) unsigned char ar[kSquareTileBytes];
+    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
+    alignas(1024) unsigned char dp[kSquareTileBytes];
+    alignas(1024) unsigned char dar[kSquareTileBytes];
+    alignas(1024) unsigned char vd[kTokenTileBytes];
+    alignas(1024) unsigned char dvd[kTokenTileBytes];
+    alignas(1024) unsigned char du[kTokenTileBytes];
+    alignas(16) float gcum[kChunk];
+    alignas(16) float beta[kChunk];
+    float dgs_part[8][kChunk];     // per warp: dg_s row and column terms
+    float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
+    float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
+    float dot_part[8], ka_part[8];
+  };
+  static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
+  static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
+  static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
+  static __device__ __forceinline__ Elem* at(unsigned char* tile, int row, int col, int rows) {
+    return reinterpret_cast<Elem*>(tile + wg::tile_offset(row, col, rows));
+  }
+  static __device__ __forceinline__ float value_at(const unsigned char* tile, int row, int col, int rows) {
+    return to_float(*reinterpret_cast<const Elem*>(tile + wg::tile_offset(row, col, rows)));
+  }
+
+  // Sum over the 4 lanes of an accumulator row; lane % 4 == 0 adds it to dst[row].
+  static __device__ __forceinline__ void add_row_sum(float* dst, int row, float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    if (threadIdx.x % 4 == 0) dst[row] += x;
+  }
+  // Sum over the 8 lanes of an accumulator column (a warp's 16 rows); lanes 0-3 add it to dst[col].
+  static __device__ __forceinline__ float column_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    return x;
+  }
+  // Row dots of an m64n64 accumulator (columns col0 .. of a [64][128] tile) against the tile,
+  // times `sign`, added to dst; returns this thread's unscaled share.
+  static __device__ __forceinline__ float add_row_dots(float* dst, const Acc& acc, const unsigned char* tile,
+                                                       int col0, float sign) {
+    float total = 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = acc_row(2 * half);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int d = 0; d < 2; ++d)
+          sum += value_at(tile, row, col0 + acc_col(j, d), kChunk) * acc[4 * j + 2 * half + d];
+      total += sum;
+      add_row_sum(dst, row, sign * sum);
+    }
+    return total;
+  }
+
+  // An accumulator pair -> a tile (the pair's two columns are adjacent: one 4-byte store).
+  static __device__ __forceinline__ void put_pair(unsigned char* tile, int row, int col, int rows, float x0, float x1) {
+    store_pair(at(tile, row, col, rows), x0, x1);
+  }
+
+  // Stage 0: the chunk's tiles (cp.async, one group; rows past the chunk zero-filled).
+  static __device__ void load_tiles(const BackwardParams& bp, SharedStorage& s, int64_t b, int64_t t0, int rows,
+                                    int hk, int h, int64_t chunk_id) {
+    const ForwardParams& p = bp.fwd;
+    const int vec = threadIdx.x % 16;
+    const Elem* k_rows = row_ptr<Elem>(p.k, p.k_strides, b, t0, hk) + vec * 8;
+    const Elem* q_rows = row_ptr<Elem>(p.q, p.q_strides, b, t0, hk) + vec * 8;
+    const Elem* v_rows = row_ptr<Elem>(p.v, p.v_strides, b, t0, h) + vec * 8;
+    const Elem* do_rows = row_ptr<Elem>(bp.d_o, bp.d_o_strides, b, t0, h) + vec * 8;
+#pragma unroll 1
+    for (int row = threadIdx.x / 16; row < kChunk; row += kThreads / 16) {
+      const bool in_chunk = row < rows;
+      const int64_t src = in_chunk ? row : 0;
+      const uint32_t to = wg::tile_offset(row, vec * 8, kChunk);
+      cp_async_16(s.k + to, k_rows + src * p.k_strides.token, in_chunk);
+      cp_async_16(s.q + to, q_rows + src * p.q_strides.token, in_chunk);
+      cp_async_16(s.v + to, v_rows + src * p.v_strides.token, in_chunk);
+      cp_async_16(s.d_o + to, do_rows + src * bp.d_o_strides.token, in_chunk);
+    }
+    const int64_t block = (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
+    const Elem* st = static_cast<const Elem*>(p.chunk_states) + block;
+    const Elem* dst = static_cast<const Elem*>(bp.chunk_grad_states) + block;
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
+      const int row = e / 16, col = (e % 16) * 8;
+      const uint32_t to = wg::tile_offset(row, col, kHeadDim);
+      cp_async_16(s.st + to, st + row * kHeadDim + col, true);
+      cp_async_16(s.dst + to, dst + row * kHeadDim + col, true);
+    }
+    const Elem* ag = static_cast<const Elem*>(p.gated_inverse_out) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kChunk * 8; e += kThreads) {
+      const int row = e / 8, col = (e % 8) * 8;
+      const bool in_chunk = row < rows;
+      cp_async_16(s.ag + wg::swizzled_offset(row, col), ag + (in_chunk ? row : 0) * p.num_v_heads * kChunk + col,
+                  in_chunk);
+    }
+    cp_async_commit();
+  }
+
+  // A_r at this thread's [64, 32] accumulator positions of group g (columns 32 g ..), fp32, zero
+  // past the chunk's rows and above the diagonal; element 4 j + e.
+  static __device__ __forceinline__ void load_inverse(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h,
+                                                      int group, Acc32& a_r) {
+    const float* base = static_cast<const float*>(p.inverse) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+        float2 x = make_float2(0.f, 0.f);
+        if (row < rows && col <= row) {
+          const float* src = base + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col;
+          x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
+        }
+        a_r[4 * j + e] = x.x;
+        a_r[4 * j + e + 1] = x.y;
+      }
+  }
+
+  static __device__ void run(const BackwardParams& bp) {
+    extern __shared__ __align__(1024) unsigned char smem_grads[];
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_grads);
+    const ForwardParams& p = bp.fwd;
+    const int h = blockIdx.y;
+    ChunkLocation where;
+    if (!locate_chunk(p, blockIdx.x, where)) return;
+    const int64_t b = where.seq.batch, t0 = where.first_token, chunk_id = blockIdx.x;
+    const int rows = where.rows;
+    const int hk = h / (p.num_v_heads / p.num_qk_heads);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    const float scale = p.scale;
+
+    // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
+    load_tiles(bp, s, b, t0, rows, hk, h, chunk_id);
+    if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
+    for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {
+      (&s.dgs_part[0][0])[e] = 0.f;
+      (&s.dbeta_row[0][0])[e] = 0.f;
+    }
+    Acc32 a_r;
+    load_inverse(p, b, t0, rows, h, group, a_r);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        put_pair(s.ar, acc_row(e), 32 * group + acc_col(j, e), kChunk, a_r[4 * j + e], a_r[4 * j + e + 1]);
+    cp_async_wait<0>();
+    wg::fence_shared_to_async();
+    __syncthreads();
+    const float gamma = s.gcum[kChunk - 1];
+    const float row_gate[2] = {s.gcum[acc_row(0)], s.gcum[acc_row(2)]};
+
+    // ── Stage A: U, W; P, Pg ───────────────────────────────────────────────────────────────────
+    Acc32 qk;  // P = Q K^T, columns 32 g .., kept for E
+    {
+      Acc u;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(u, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.st + 64 * group * 128, k0, kHeadDim),
+                                                   k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(s.q, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(u);
+      wg::fence_operand(qk);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {  // W = V - Gamma U over V's panel g
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          const float decay = exp2_approx(row_gate[e / 2]);
+          Elem* x = at(s.v, row, col, kChunk);
+          store_pair(x, to_float(x[0]) - decay * u[4 * j + e], to_float(x[1]) - decay * u[4 * j + e + 1]);
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          float pg[2];
+#pragma unroll
+          for (int d = 0; d < 2; ++d)
+            pg[d] = row >= col + d ? scale * exp2_approx(row_gate[e / 2] - s.gcum[col + d]) * qk[4 * j + e + d] : 0.f;
+          put_pair(s.pg, row, col, kChunk, pg[0], pg[1]);
+        }
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage B: Vd, dVd ───────────────────────────────────────────────────────────────────────
+    {
+      Acc vd, dvd;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(vd, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.v + group * kPanelBytes, k0, kChunk),
+                                                    k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(dvd, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.dst + 64 * group * 128, k0, kHeadDim),
+                                                   k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(vd);
+      wg::fence_operand(dvd);
+      Tiles::store_fragments(s.vd + group * kPanelBytes, 0, [&](int j, int e) { return vd[4 * j + e]; });
+      const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dvd[4 * j + e] *= rho[e / 2];
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(s.pg, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.d_o + group * kPanelBytes, k0, kChunk),
+                                                     true);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dvd);
+      Tiles::store_fragments(s.dvd + group * kPanelBytes, 0, [&](int j, int e) { return dvd[4 * j + e]; });
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
+    float* dgs = s.dgs_part[warp];
+    {
+      Acc dw;
+      Acc32 dpg, dag;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dw, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.dvd + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.vd + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::descriptor<Major::kK>(s.dvd, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.v + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dw);
+      wg::fence_operand(dpg);
+      wg::fence_operand(dag);
+      // dv = dW (valid rows), dU = -Gamma dW
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          const float x0 = dw[4 * j + e], x1 = dw[4 * j + e + 1];
+          if (row < rows)
+            store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
+                           h * bp.dv_strides.head + col,
+                       x0, x1);
+          const float decay = -exp2_approx(row_gate[e / 2]);
+          put_pair(s.du, row, col, kChunk, decay * x0, decay * x1);
+        }
+      // dP, dA_r, E and dbeta's column terms over columns 32 g ..
+      float row_e[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          float dp[2], dar[2], col_e[2], col_beta[2];
+#pragma unroll
+          for (int d = 0; d < 2; ++d) {
+            const int x = 4 * j + e + d;
+            const float gate = row >= col + d ? exp2_approx(row_gate[e / 2] - s.gcum[col + d]) : 0.f;
+            dp[d] = scale * gate * dpg[x];
+            const float t = dag[x] * gate;  // dAg (.) G
+            dar[d] = t * s.beta[col + d];
+            const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
+            row_e[e / 2] += energy;
+            col_e[d] = energy;
+            col_beta[d] = t * a_r[x];
+          }
+          put_pair(s.dp, row, col, kChunk, dp[0], dp[1]);
+          put_pair(s.dar, row, col, kChunk, dar[0], dar[1]);
+          // column terms: this (j, e) pair's two columns, summed over the warp's rows e / 2 half;
+          // the two row halves (e = 0, 2) land in the same columns: added in order below
+#pragma unroll
+          for (int d = 0; d < 2; ++d) {
+            const float ce = column_sum(col_e[d]), cb = column_sum(col_beta[d]);
+            if (lane < 4) {
+              dgs[col + d] -= ce;
+              s.dbeta_col[warp][col + d] = (e == 0 ? 0.f : s.dbeta_col[warp][col + d]) + cb;
+            }
+            __syncwarp();
+          }
+        }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add_row_sum(dgs, acc_row(2 * half), row_e[half]);
+    }
+    Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk
+    {
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dq, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dk, wg::descriptor<Major::kK>(s.vd, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+      }
+      wg::commit();
+      // <dS, S> under the wgmmas: both tiles share one layout, so equal offsets are equal elements
+      float dot = 0.f;
+      for (int e = threadIdx.x; e < kStateTileBytes / 16; e += kThreads) {
+        const uint4 a = reinterpret_cast<const uint4*>(s.st)[e], c = reinterpret_cast<const uint4*>(s.dst)[e];
+        const uint32_t* aw = reinterpret_cast<const uint32_t*>(&a);
+        const uint32_t* cw = reinterpret_cast<const uint32_t*>(&c);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 x = unpack(aw[w]), y = unpack(cw[w]);
+          dot += x.x * y.x + x.y * y.y;
+        }
+      }
+      dot = warp_sum(dot);
+      if (lane == 0) s.dot_part[warp] = dot;
+      wg::wait<0>();
+      wg::fence_operand(dq);
+      wg::fence_operand(dk);
+      const float qf[2] = {scale * exp2_approx(row_gate[0]), scale * exp2_approx(row_gate[1])};
+      const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dq[4 * j + e] *= qf[e / 2];
+          dk[4 * j + e] *= rho[e / 2];
+        }
+      __syncwarp();
+      add_row_dots(dgs, dq, s.q, 64 * group, 1.f);
+      __syncwarp();
+      float ka = add_row_dots(dgs, dk, s.k, 64 * group, -2.f);  // a = rowsum(K (.) dK_a)
+      ka = warp_sum(ka);
+      if (lane == 0) s.ka_part[warp] = ka;
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage D: X; Y, KK -> dL, dbeta, dM + dM^T ─────────────────────────────────────────────
+    if (group == 0) {
+      Acc x;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(x, wg::descriptor<Major::kMN>(s.ar, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.dar, k0, kChunk), k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(x);
+      Tiles::store_fragments(s.pg, 0, [&](int j, int e) { return x[4 * j + e]; });
+      wg::fence_shared_to_async();
+    }
+    __syncthreads();
+    {
+      Acc32 y, kk;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(y, wg::descriptor<Major::kK>(s.pg, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.ar + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(y);
+      wg::fence_operand(kk);
+      float row_beta[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          const float dl = row > col ? -y[4 * j + e] : 0.f;
+          row_beta[e / 2] += dl * kk[4 * j + e];
+          const float dm = s.beta[row] * dl;
+          if (row >= col) {
+            *at(s.ag, row, col, kChunk) = to_elem<Elem>(dm);
+            if (row > col) *at(s.ag, col, row, kChunk) = to_elem<Elem>(dm);
+          }
+        }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add_row_sum(s.dbeta_row[warp], acc_row(2 * half), row_beta[half]);
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += 16)
+      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::descriptor<Major::kK>(s.dp, k0, kChunk),
+                                                  wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                  true);
+#pragma unroll
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::descriptor<Major::kK>(s.du, k0, kChunk),
+                                                  wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim),
+                                                  true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(dq);
+    wg::fence_operand(dk);
+    add_row_dots(dgs, dk, s.k, 64 * group, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += 16) {
+      wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
+                                                   wg::descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
+                                                   true);
+      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                  wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                  true);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(dk);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+        if (row >= rows) continue;
+        const int64_t t = t0 + row;
+        if (bp.direct_qk) {  // h is its own q/k head
+          store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
+                         h * bp.dq_strides.head + col,
+                     dq[4 * j + e], dq[4 * j + e + 1]);
+          store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
+                         h * bp.dk_strides.head + col,
+                     dk[4 * j + e], dk[4 * j + e + 1]);
+        } else {
+          const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
+          *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+        }
+      }
+    __syncthreads();
+
+    // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (warp 0, two rows a lane).
+    if (warp == 0) {
+      float dot = 0.f, ka = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        dot += s.dot_part[w];
+        ka += s.ka_part[w];
+      }
+      float dgs_row[2], dbeta_row[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 2 * lane + i;
+        float x = 0.f, y = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+          x += s.dgs_part[w][row];
+          y += s.dbeta_col[w][row] + s.dbeta_row[w][row];
+        }
+        if (row == kChunk - 1) x += exp2_approx(gamma) * dot + ka;
+        dgs_row[i] = x;
+        dbeta_row[i] = y;
+      }
+      float suffix = dgs_row[0] + dgs_row[1];  // lane l: rows 2 l, 2 l + 1
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const float down = __shfl_down_sync(0xffffffffu, suffix, offset);
+        if (lane + offset < 32) suffix += down;
+      }
+      const float dg_row[2] = {suffix, suffix - dgs_row[0]};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 2 * lane + i;
+        if (row < rows) {
+          const int64_t t = t0 + row;
+          bp.dg[b * bp.dg_strides.batch + t * bp.dg_strides.token + h * bp.dg_strides.head] = dg_row[i];
+          const int64_t off = b * bp.dbeta_strides.batch + t * bp.dbeta_strides.token + h * bp.dbeta_strides.head;
+          if (p.beta_is_bf16)
+            static_cast<__nv_bfloat16*>(bp.dbeta)[off] = __float2bfloat16_rn(dbeta_row[i]);
+          else
+            static_cast<float*>(bp.dbeta)[off] = dbeta_row[i];
+        }
+      }
+    }
+  }
+
+  static __device__ __forceinline__ float2 unpack(uint32_t x) {
+    if constexpr (std::is_same_v<Elem, __half>)
+      return __half22float2(*reinterpret_cast<const __half2*>(&x));
+    else
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  }
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(256, 1) backward_grads_kernel(const __grid_constant__ BackwardParams bp) {
+  wait_for_previous_grid();
+  release_next_grid();
+  BackwardGrads<Elem>::run(bp);
+}
+
+}  // namespace flashgdn::kern
