@@ -206,8 +206,9 @@ struct BackwardGrads {
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     load_tiles(bp, s, b, t0, rows, hk, h, chunk_id);
     if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
-    for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {
+    for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
       (&s.dgs_part[0][0])[e] = 0.f;
+      (&s.dbeta_col[0][0])[e] = 0.f;
       (&s.dbeta_row[0][0])[e] = 0.f;
     }
     Acc32 a_r;
@@ -365,14 +366,13 @@ struct BackwardGrads {
           }
           put_pair(s.dp, row, col, kChunk, dp[0], dp[1]);
           put_pair(s.dar, row, col, kChunk, dar[0], dar[1]);
-          // column terms: this (j, e) pair's two columns, summed over the warp's rows e / 2 half;
-          // the two row halves (e = 0, 2) land in the same columns: added in order below
+          // column terms: this (j, e) pair's two columns over the warp's 8 rows of half e / 2
 #pragma unroll
           for (int d = 0; d < 2; ++d) {
             const float ce = column_sum(col_e[d]), cb = column_sum(col_beta[d]);
             if (lane < 4) {
               dgs[col + d] -= ce;
-              s.dbeta_col[warp][col + d] = (e == 0 ? 0.f : s.dbeta_col[warp][col + d]) + cb;
+              s.dbeta_col[warp][col + d] += cb;
             }
             __syncwarp();
           }
