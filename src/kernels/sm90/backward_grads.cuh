@@ -10,7 +10,7 @@
 // an N offset inside a swizzled row is avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
-// [128][128]; Ag (then dM + dM^T), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
+// [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
@@ -29,9 +29,9 @@
 //      registers: dg_s += rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a);  <dS, S> for dgamma
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
-//      dM + dM^T with dM = diag(beta) dL -> Ag's bytes
+//      dM = diag(beta) dL -> Ag's bytes
 //   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
-//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + (dM + dM^T) K -> HBM;
+//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
 //      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63, dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
@@ -65,7 +65,7 @@ struct BackwardGrads {
     alignas(1024) unsigned char d_o[kTokenTileBytes];
     alignas(1024) unsigned char st[kStateTileBytes];   // S^T entering the chunk
     alignas(1024) unsigned char dst[kStateTileBytes];  // dS^T leaving it
-    alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM + dM^T
+    alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM
     alignas(1024) unsigned char ar[kSquareTileBytes];
     alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
     alignas(1024) unsigned char dp[kSquareTileBytes];
@@ -84,49 +84,59 @@ struct BackwardGrads {
 
   static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
   static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
-  static __device__ __forceinline__ Elem* at(unsigned char* tile, int row, int col, int rows) {
-    return reinterpret_cast<Elem*>(tile + wg::tile_offset(row, col, rows));
-  }
-  static __device__ __forceinline__ float value_at(const unsigned char* tile, int row, int col, int rows) {
-    return to_float(*reinterpret_cast<const Elem*>(tile + wg::tile_offset(row, col, rows)));
-  }
-
   // Sum over the 4 lanes of an accumulator row; lane % 4 == 0 adds it to dst[row].
   static __device__ __forceinline__ void add_row_sum(float* dst, int row, float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     if (threadIdx.x % 4 == 0) dst[row] += x;
   }
-  // Sum over the 8 lanes of an accumulator column (a warp's 16 rows); lanes 0-3 add it to dst[col].
+  // Sum over the 8 lanes of an accumulator column (a warp's 8 rows of one half).
   static __device__ __forceinline__ float column_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 4);
     x += __shfl_xor_sync(0xffffffffu, x, 8);
     x += __shfl_xor_sync(0xffffffffu, x, 16);
     return x;
   }
-  // Row dots of an m64n64 accumulator (columns col0 .. of a [64][128] tile) against the tile,
-  // times `sign`, added to dst; returns this thread's unscaled share.
-  static __device__ __forceinline__ float add_row_dots(float* dst, const Acc& acc, const unsigned char* tile,
-                                                       int col0, float sign) {
-    float total = 0.f;
+
+  // A 64-column panel's elements at this thread's m64nN accumulator positions, by ldmatrix_x4 of
+  // column blocks j0 .. j0 + N / 8 - 1 (Tiles::fragment_rows): f(j, e, pair) for accumulator
+  // elements 4 j + e, e + 1 (e even), j counted from j0.
+  template <int kN, typename F>
+  static __device__ __forceinline__ void for_panel_pairs(const unsigned char* panel, int j0, F&& f) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = acc_row(2 * half);
-      float sum = 0.f;
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, Tiles::fragment_rows(const_cast<unsigned char*>(panel), 0, j0 + j));
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int d = 0; d < 2; ++d)
-          sum += value_at(tile, row, col0 + acc_col(j, d), kChunk) * acc[4 * j + 2 * half + d];
-      total += sum;
-      add_row_sum(dst, row, sign * sum);
+      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack(r[m]));
     }
-    return total;
+  }
+  // value(j, e) of an m64nN accumulator -> a 64-column panel at column blocks j0 .. (stmatrix_x4).
+  template <int kN, typename F>
+  static __device__ __forceinline__ void store_panel(unsigned char* panel, int j0, F&& value) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int jj = j + m / 2, e = 2 * (m % 2);
+        regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
+      }
+      stmatrix_x4(Tiles::fragment_rows(panel, 0, j0 + j), regs);
+    }
   }
 
-  // An accumulator pair -> a tile (the pair's two columns are adjacent: one 4-byte store).
-  static __device__ __forceinline__ void put_pair(unsigned char* tile, int row, int col, int rows, float x0, float x1) {
-    store_pair(at(tile, row, col, rows), x0, x1);
+  // Row dots of an m64n64 accumulator with a 64-column panel at the same positions, times `sign`,
+  // added to dst; returns this thread's unscaled share.
+  static __device__ __forceinline__ float add_row_dots(float* dst, const Acc& acc, const unsigned char* panel,
+                                                       float sign) {
+    float sum[2] = {0.f, 0.f};
+    for_panel_pairs<64>(panel, 0, [&](int j, int e, float2 x) {
+      sum[e / 2] += x.x * acc[4 * j + e] + x.y * acc[4 * j + e + 1];
+    });
+#pragma unroll
+    for (int half = 0; half < 2; ++half) add_row_sum(dst, acc_row(2 * half), sign * sum[half]);
+    return sum[0] + sum[1];
   }
 
   // Stage 0: the chunk's tiles (cp.async, one group; rows past the chunk zero-filled).
@@ -213,11 +223,7 @@ struct BackwardGrads {
     }
     Acc32 a_r;
     load_inverse(p, b, t0, rows, h, group, a_r);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        put_pair(s.ar, acc_row(e), 32 * group + acc_col(j, e), kChunk, a_r[4 * j + e], a_r[4 * j + e + 1]);
+    store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     cp_async_wait<0>();
     wg::fence_shared_to_async();
     __syncthreads();
@@ -243,26 +249,20 @@ struct BackwardGrads {
       wg::wait<0>();
       wg::fence_operand(u);
       wg::fence_operand(qk);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {  // W = V - Gamma U over V's panel g
-          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-          const float decay = exp2_approx(row_gate[e / 2]);
-          Elem* x = at(s.v, row, col, kChunk);
-          store_pair(x, to_float(x[0]) - decay * u[4 * j + e], to_float(x[1]) - decay * u[4 * j + e + 1]);
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
-          float pg[2];
-#pragma unroll
-          for (int d = 0; d < 2; ++d)
-            pg[d] = row >= col + d ? scale * exp2_approx(row_gate[e / 2] - s.gcum[col + d]) * qk[4 * j + e + d] : 0.f;
-          put_pair(s.pg, row, col, kChunk, pg[0], pg[1]);
-        }
+      {  // W = V - Gamma U over V's panel g (each thread rewrites its own accumulator positions)
+        const float decay[2] = {exp2_approx(row_gate[0]), exp2_approx(row_gate[1])};
+        unsigned char* panel = s.v + group * kPanelBytes;
+        for_panel_pairs<64>(panel, 0, [&](int j, int e, float2 x) {
+          u[4 * j + e] = x.x - decay[e / 2] * u[4 * j + e];
+          u[4 * j + e + 1] = x.y - decay[e / 2] * u[4 * j + e + 1];
+        });
+        __syncwarp();  // every lane's reads before the writes (ldmatrix rows are shared across lanes)
+        store_panel<64>(panel, 0, [&](int j, int e) { return u[4 * j + e]; });
+      }
+      store_panel<32>(s.pg, 4 * group, [&](int j, int e) {
+        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+        return row >= col ? scale * exp2_approx(row_gate[e / 2] - s.gcum[col]) * qk[4 * j + e] : 0.f;
+      });
     }
     wg::fence_shared_to_async();
     __syncthreads();
@@ -341,9 +341,9 @@ struct BackwardGrads {
             store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
                            h * bp.dv_strides.head + col,
                        x0, x1);
-          const float decay = -exp2_approx(row_gate[e / 2]);
-          put_pair(s.du, row, col, kChunk, decay * x0, decay * x1);
         }
+      store_panel<64>(s.du + group * kPanelBytes, 0,
+                      [&](int j, int e) { return -exp2_approx(row_gate[e / 2]) * dw[4 * j + e]; });
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..
       float row_e[2] = {0.f, 0.f};
 #pragma unroll
@@ -364,8 +364,8 @@ struct BackwardGrads {
             col_e[d] = energy;
             col_beta[d] = t * a_r[x];
           }
-          put_pair(s.dp, row, col, kChunk, dp[0], dp[1]);
-          put_pair(s.dar, row, col, kChunk, dar[0], dar[1]);
+          dpg[4 * j + e] = dp[0], dpg[4 * j + e + 1] = dp[1];  // dPg's registers now hold dP
+          dag[4 * j + e] = dar[0], dag[4 * j + e + 1] = dar[1];  // dAg's registers now hold dA_r
           // column terms: this (j, e) pair's two columns over the warp's 8 rows of half e / 2
 #pragma unroll
           for (int d = 0; d < 2; ++d) {
@@ -379,6 +379,8 @@ struct BackwardGrads {
         }
 #pragma unroll
       for (int half = 0; half < 2; ++half) add_row_sum(dgs, acc_row(2 * half), row_e[half]);
+      store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
+      store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
     }
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk
     {
@@ -420,16 +422,16 @@ struct BackwardGrads {
           dk[4 * j + e] *= rho[e / 2];
         }
       __syncwarp();
-      add_row_dots(dgs, dq, s.q, 64 * group, 1.f);
+      add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);
       __syncwarp();
-      float ka = add_row_dots(dgs, dk, s.k, 64 * group, -2.f);  // a = rowsum(K (.) dK_a)
+      float ka = add_row_dots(dgs, dk, s.k + group * kPanelBytes, -2.f);  // a = rowsum(K (.) dK_a)
       ka = warp_sum(ka);
       if (lane == 0) s.ka_part[warp] = ka;
     }
     wg::fence_shared_to_async();
     __syncthreads();
 
-    // ── Stage D: X; Y, KK -> dL, dbeta, dM + dM^T ─────────────────────────────────────────────
+    // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
     if (group == 0) {
       Acc x;
       wg::fence();
@@ -469,12 +471,9 @@ struct BackwardGrads {
           const int row = acc_row(e), col = 32 * group + acc_col(j, e);
           const float dl = row > col ? -y[4 * j + e] : 0.f;
           row_beta[e / 2] += dl * kk[4 * j + e];
-          const float dm = s.beta[row] * dl;
-          if (row >= col) {
-            *at(s.ag, row, col, kChunk) = to_elem<Elem>(dm);
-            if (row > col) *at(s.ag, col, row, kChunk) = to_elem<Elem>(dm);
-          }
+          y[4 * j + e] = s.beta[row] * dl;  // dM = diag(beta) dL, strictly lower
         }
+      store_panel<32>(s.ag, 4 * group, [&](int j, int e) { return y[4 * j + e]; });
 #pragma unroll
       for (int half = 0; half < 2; ++half) add_row_sum(s.dbeta_row[warp], acc_row(2 * half), row_beta[half]);
     }
@@ -497,7 +496,7 @@ struct BackwardGrads {
     wg::wait<0>();
     wg::fence_operand(dq);
     wg::fence_operand(dk);
-    add_row_dots(dgs, dk, s.k, 64 * group, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
+    add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
     wg::fence();
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += 16) {
@@ -506,7 +505,10 @@ struct BackwardGrads {
                                                    true);
       wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
                                                   wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                  true);
+                                                  true);  // dM K
+      wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                   wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                   true);  // dM^T K
     }
     wg::commit();
     wg::wait<0>();
