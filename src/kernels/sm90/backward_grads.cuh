@@ -20,13 +20,14 @@
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
-//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd
+//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round)
 //   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
-//      registers: dg_s += rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a);  <dS, S> for dgamma
+//      registers (a second commit group, running under the first one's epilogue): dg_s +=
+//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a);  <dS, S> for dgamma
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes
@@ -269,7 +270,7 @@ struct BackwardGrads {
 
     // ── Stage B: Vd, dVd ───────────────────────────────────────────────────────────────────────
     {
-      Acc vd, dvd;
+      Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
@@ -278,35 +279,30 @@ struct BackwardGrads {
                                                     k0 > 0);
 #pragma unroll
       for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(dvd, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kds, wg::descriptor<Major::kK>(s.k, k0, kChunk),
                                                    wg::descriptor<Major::kK>(s.dst + 64 * group * 128, k0, kHeadDim),
                                                    k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(pdo, wg::descriptor<Major::kMN>(s.pg, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.d_o + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(vd);
-      wg::fence_operand(dvd);
+      wg::fence_operand(kds);
+      wg::fence_operand(pdo);
       Tiles::store_fragments(s.vd + group * kPanelBytes, 0, [&](int j, int e) { return vd[4 * j + e]; });
       const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dvd[4 * j + e] *= rho[e / 2];
-      wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(s.pg, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.d_o + group * kPanelBytes, k0, kChunk),
-                                                     true);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operand(dvd);
-      Tiles::store_fragments(s.dvd + group * kPanelBytes, 0, [&](int j, int e) { return dvd[4 * j + e]; });
+      Tiles::store_fragments(s.dvd + group * kPanelBytes, 0,
+                             [&](int j, int e) { return rho[e / 2] * kds[4 * j + e] + pdo[4 * j + e]; });
     }
     wg::fence_shared_to_async();
     __syncthreads();
 
     // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
     float* dgs = s.dgs_part[warp];
+    Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
     {
       Acc dw;
       Acc32 dpg, dag;
@@ -326,7 +322,17 @@ struct BackwardGrads {
                                                    k0 > 0);
       }
       wg::commit();
-      wg::wait<0>();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dq, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dk, wg::descriptor<Major::kK>(s.vd, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+      }
+      wg::commit();
+      wg::wait<1>();  // dW, dPg, dAg done; dQ_a, dK_a still running
       wg::fence_operand(dw);
       wg::fence_operand(dpg);
       wg::fence_operand(dag);
@@ -382,19 +388,7 @@ struct BackwardGrads {
       store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
       store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
     }
-    Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk
     {
-      wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dq, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dk, wg::descriptor<Major::kK>(s.vd, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
-      }
-      wg::commit();
       // <dS, S> under the wgmmas: both tiles share one layout, so equal offsets are equal elements
       float dot = 0.f;
       for (int e = threadIdx.x; e < kStateTileBytes / 16; e += kThreads) {
@@ -481,38 +475,40 @@ struct BackwardGrads {
     __syncthreads();
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
-    wg::fence();
+    {
+      Acc dk_rest;  // dP^T Q + dM K + dM^T K, in the same round as dq's and dk's first terms
+      wg::fence();
 #pragma unroll
-    for (int k0 = 0; k0 < kChunk; k0 += 16)
-      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::descriptor<Major::kK>(s.dp, k0, kChunk),
-                                                  wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                  true);
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::descriptor<Major::kK>(s.dp, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                    true);
 #pragma unroll
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::descriptor<Major::kK>(s.du, k0, kChunk),
-                                                  wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim),
-                                                  true);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operand(dq);
-    wg::fence_operand(dk);
-    add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
-    wg::fence();
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dk, wg::descriptor<Major::kK>(s.du, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), true);
 #pragma unroll
-    for (int k0 = 0; k0 < kChunk; k0 += 16) {
-      wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
-                                                   wg::descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
-                                                   true);
-      wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
-                                                  wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                  true);  // dM K
-      wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
-                                                   wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                   true);  // dM^T K
+      for (int k0 = 0; k0 < kChunk; k0 += 16) {
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                    true);  // dM K
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                     true);  // dM^T K
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dq);
+      wg::fence_operand(dk);
+      wg::fence_operand(dk_rest);
+      add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
+#pragma unroll
+      for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operand(dk);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
