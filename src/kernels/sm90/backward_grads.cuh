@@ -14,9 +14,9 @@
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
-//   0  loads (cp.async; rows past the chunk zero): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the
-//      chunk inverse); A_r fp32 into registers in the group's [64, 32] layout, and its bf16 tile;
-//      the gates (warp 0)
+//   0  loads (TMA, thread 0, one mbarrier; a partial chunk's rows past its end zeroed after): K, Q,
+//      V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse); A_r fp32 into registers in the
+//      group's [64, 32] layout, and its bf16 tile; the gates (warp 0)
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
@@ -37,11 +37,15 @@
 //      dbeta -> HBM (warp 0)
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
@@ -80,6 +84,7 @@ struct BackwardGrads {
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float dot_part[8], ka_part[8];
+    alignas(8) uint64_t loaded;  // the TMA boxes of stage 0
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
@@ -140,44 +145,37 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
-  // Stage 0: the chunk's tiles (cp.async, one group; rows past the chunk zero-filled).
-  static __device__ void load_tiles(const BackwardParams& bp, SharedStorage& s, int64_t b, int64_t t0, int rows,
-                                    int hk, int h, int64_t chunk_id) {
-    const ForwardParams& p = bp.fwd;
-    const int vec = threadIdx.x % 16;
-    const Elem* k_rows = row_ptr<Elem>(p.k, p.k_strides, b, t0, hk) + vec * 8;
-    const Elem* q_rows = row_ptr<Elem>(p.q, p.q_strides, b, t0, hk) + vec * 8;
-    const Elem* v_rows = row_ptr<Elem>(p.v, p.v_strides, b, t0, h) + vec * 8;
-    const Elem* do_rows = row_ptr<Elem>(bp.d_o, bp.d_o_strides, b, t0, h) + vec * 8;
-#pragma unroll 1
-    for (int row = threadIdx.x / 16; row < kChunk; row += kThreads / 16) {
-      const bool in_chunk = row < rows;
-      const int64_t src = in_chunk ? row : 0;
-      const uint32_t to = wg::tile_offset(row, vec * 8, kChunk);
-      cp_async_16(s.k + to, k_rows + src * p.k_strides.token, in_chunk);
-      cp_async_16(s.q + to, q_rows + src * p.q_strides.token, in_chunk);
-      cp_async_16(s.v + to, v_rows + src * p.v_strides.token, in_chunk);
-      cp_async_16(s.d_o + to, do_rows + src * bp.d_o_strides.token, in_chunk);
+  // Stage 0's boxes (thread 0, one mbarrier): K, Q, V, dO (two 64-column panels each), Ag (one), the
+  // chunk's S^T and dS^T blocks (two [128][64] panels each).
+  static constexpr uint32_t kLoadBytes = 4 * kTokenTileBytes + kSquareTileBytes + 2 * kStateTileBytes;
+  static __device__ void issue_loads(const BackwardTileMaps& maps, SharedStorage& s, int b, int t0, int hk, int h,
+                                     int64_t chunk_id, int num_v_heads) {
+    tma::barrier_init(&s.loaded, 1);
+    tma::fence_barrier_init();
+    tma::arrive_expect_bytes(&s.loaded, kLoadBytes);
+    for (int panel = 0; panel < 2; ++panel) {
+      const int col = 64 * panel;
+      tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.loaded, col, hk, t0, b);
+      tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.loaded, col, hk, t0, b);
+      tma::load_4d(s.v + panel * kPanelBytes, &maps.inputs.v, &s.loaded, col, h, t0, b);
+      tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.loaded, col, h, t0, b);
+      const int row0 = static_cast<int>((chunk_id * num_v_heads + h) * kHeadDim);
+      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.loaded, col, row0);
+      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.loaded, col, row0);
     }
-    const int64_t block = (chunk_id * p.num_v_heads + h) * (kHeadDim * kHeadDim);
-    const Elem* st = static_cast<const Elem*>(p.chunk_states) + block;
-    const Elem* dst = static_cast<const Elem*>(bp.chunk_grad_states) + block;
-#pragma unroll 1
-    for (int e = threadIdx.x; e < kHeadDim * 16; e += kThreads) {
-      const int row = e / 16, col = (e % 16) * 8;
-      const uint32_t to = wg::tile_offset(row, col, kHeadDim);
-      cp_async_16(s.st + to, st + row * kHeadDim + col, true);
-      cp_async_16(s.dst + to, dst + row * kHeadDim + col, true);
-    }
-    const Elem* ag = static_cast<const Elem*>(p.gated_inverse_out) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
-#pragma unroll 1
-    for (int e = threadIdx.x; e < kChunk * 8; e += kThreads) {
-      const int row = e / 8, col = (e % 8) * 8;
-      const bool in_chunk = row < rows;
-      cp_async_16(s.ag + wg::swizzled_offset(row, col), ag + (in_chunk ? row : 0) * p.num_v_heads * kChunk + col,
-                  in_chunk);
-    }
-    cp_async_commit();
+    tma::load_4d(s.ag, &maps.inputs.inverse, &s.loaded, 0, h, t0, b);
+  }
+
+  // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
+  // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
+  static __device__ void zero_rows(SharedStorage& s, int rows) {
+    static_assert(offsetof(SharedStorage, d_o) == offsetof(SharedStorage, k) + 3 * kTokenTileBytes,
+                  "K, Q, V, dO back to back: eight consecutive panels");
+    const int units = (kChunk - rows) * 8;  // per 64-row panel
+    for (int i = threadIdx.x; i < 8 * units; i += kThreads)
+      *reinterpret_cast<uint4*>(s.k + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < units; i += kThreads)
+      *reinterpret_cast<uint4*>(s.ag + rows * 128 + i * 16) = make_uint4(0, 0, 0, 0);
   }
 
   // A_r at this thread's [64, 32] accumulator positions of group g (columns 32 g ..), fp32, zero
@@ -200,7 +198,7 @@ struct BackwardGrads {
       }
   }
 
-  static __device__ void run(const BackwardParams& bp) {
+  static __device__ void run(const BackwardParams& bp, const BackwardTileMaps& maps) {
     extern __shared__ __align__(1024) unsigned char smem_grads[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_grads);
     const ForwardParams& p = bp.fwd;
@@ -215,7 +213,8 @@ struct BackwardGrads {
     const float scale = p.scale;
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
-    load_tiles(bp, s, b, t0, rows, hk, h, chunk_id);
+    if (threadIdx.x == 0)
+      issue_loads(maps, s, static_cast<int>(b), static_cast<int>(t0), hk, h, chunk_id, p.num_v_heads);
     if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
       (&s.dgs_part[0][0])[e] = 0.f;
@@ -225,8 +224,10 @@ struct BackwardGrads {
     Acc32 a_r;
     load_inverse(p, b, t0, rows, h, group, a_r);
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
-    cp_async_wait<0>();
-    wg::fence_shared_to_async();
+    __syncthreads();  // the barrier's initialisation, before anyone waits on it
+    tma::wait(&s.loaded, 0);
+    if (rows < kChunk) zero_rows(s, rows);
+    wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
     const float gamma = s.gcum[kChunk - 1];
     const float row_gate[2] = {s.gcum[acc_row(0)], s.gcum[acc_row(2)]};
@@ -585,10 +586,11 @@ struct BackwardGrads {
 };
 
 template <typename Elem>
-__global__ void __launch_bounds__(256, 1) backward_grads_kernel(const __grid_constant__ BackwardParams bp) {
+__global__ void __launch_bounds__(256, 1) backward_grads_kernel(const __grid_constant__ BackwardParams bp,
+                                                                const __grid_constant__ BackwardTileMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  BackwardGrads<Elem>::run(bp);
+  BackwardGrads<Elem>::run(bp, maps);
 }
 
 }  // namespace flashgdn::kern

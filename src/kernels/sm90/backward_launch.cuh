@@ -59,12 +59,18 @@ cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) 
   if (p.chunk_grad_states == nullptr || p.fwd.chunk_states == nullptr || p.fwd.gated_inverse_out == nullptr)
     return cudaErrorInvalidValue;
   using Kernel = BackwardGrads<ElemType<E>>;
+  ForwardParams boxes = p.fwd;
+  boxes.inverse = p.fwd.gated_inverse_out;
+  BackwardTileMaps maps;
+  if (encode_backward_maps(boxes, p.d_o, p.d_o_strides, p.chunk_grad_states, p.fwd.max_chunks, E == ElemKind::kF16,
+                           &maps) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
   auto* kernel = backward_grads_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(p.fwd.max_chunks), p.fwd.num_v_heads), Kernel::kThreads,
-                       smem, stream, p);
+                       smem, stream, p, maps);
 }
 
 }  // namespace flashgdn::kern
