@@ -48,7 +48,7 @@ bool split_backward() {
 struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
-  std::size_t chunk_grad_states = 0;  // split backward only
+  std::size_t chunk_grad_states = 0, chunk_grad_dots = 0;  // split backward only
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
@@ -79,6 +79,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   if (split_backward()) {
     layout.chunk_grad_states = offset;
     offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+    layout.chunk_grad_dots = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 8 * sizeof(float));
   }
   if (!direct_qk(in)) {
     layout.dq_heads = offset;
@@ -215,6 +217,7 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   }
   if (layout.chunk_grad_states != 0) {  // the split backward: dS^T per chunk (and dh0), then every chunk's gradients
     bp.chunk_grad_states = ws + layout.chunk_grad_states;
+    bp.chunk_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
     if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
                                   : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
                              "backward_ds_pass");

@@ -27,13 +27,14 @@
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
 //      registers (a second commit group, running under the first one's epilogue): dg_s +=
-//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a);  <dS, S> for dgamma
+//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a)
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes
 //   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
-//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63, dg = reverse cumsum of dg_s,
+//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63 (<dS, S> from the dS pass,
+//      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
 
@@ -83,7 +84,7 @@ struct BackwardGrads {
     float dgs_part[8][kChunk];     // per warp: dg_s row and column terms
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
-    float dot_part[8], ka_part[8];
+    float ka_part[8];
     alignas(8) uint64_t loaded;  // the TMA boxes of stage 0
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
@@ -221,6 +222,9 @@ struct BackwardGrads {
       (&s.dbeta_col[0][0])[e] = 0.f;
       (&s.dbeta_row[0][0])[e] = 0.f;
     }
+    // <dS, S> from the dS pass (8 partial sums), fetched now for the end (warp 0)
+    const float dot_part =
+        warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     Acc32 a_r;
     load_inverse(p, b, t0, rows, h, group, a_r);
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
@@ -390,20 +394,6 @@ struct BackwardGrads {
       store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
     }
     {
-      // <dS, S> under the wgmmas: both tiles share one layout, so equal offsets are equal elements
-      float dot = 0.f;
-      for (int e = threadIdx.x; e < kStateTileBytes / 16; e += kThreads) {
-        const uint4 a = reinterpret_cast<const uint4*>(s.st)[e], c = reinterpret_cast<const uint4*>(s.dst)[e];
-        const uint32_t* aw = reinterpret_cast<const uint32_t*>(&a);
-        const uint32_t* cw = reinterpret_cast<const uint32_t*>(&c);
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 x = unpack(aw[w]), y = unpack(cw[w]);
-          dot += x.x * y.x + x.y * y.y;
-        }
-      }
-      dot = warp_sum(dot);
-      if (lane == 0) s.dot_part[warp] = dot;
       wg::wait<0>();
       wg::fence_operand(dq);
       wg::fence_operand(dk);
@@ -534,12 +524,10 @@ struct BackwardGrads {
 
     // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (warp 0, two rows a lane).
     if (warp == 0) {
-      float dot = 0.f, ka = 0.f;
+      const float dot = warp_sum(dot_part);
+      float ka = 0.f;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        dot += s.dot_part[w];
-        ka += s.ka_part[w];
-      }
+      for (int w = 0; w < 8; ++w) ka += s.ka_part[w];
       float dgs_row[2], dbeta_row[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {

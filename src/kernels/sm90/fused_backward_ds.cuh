@@ -6,8 +6,10 @@
 //     segment_grad_starts;
 //   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), with
 //     bp.chunk_grad_states: dS^T leaving every chunk stored there (v4's staging: stmatrix into the
-//     group's free o staging at the chunk's top, 16-byte copies under its first wgmmas), dh0 from
-//     the first chunk of a sequence.
+//     group's free o staging at the chunk's top, 16-byte copies under its first wgmmas), and
+//     <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the chunk from
+//     chunk_states: the bf16 dS^T would double the rounding in dgamma), dh0 from the first chunk
+//     of a sequence.
 //
 // Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
 // rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
@@ -113,6 +115,29 @@ struct BackwardDsPass {
     }
   }
 
+  // <D, S> for the gradient pass's dgamma, with D in fp32 (the state gradient leaving the chunk, this
+  // thread's D^T elements) and S^T entering the chunk from chunk_states (the group's rows): the pairs
+  // are loaded a chunk ahead and summed once the chunk's first wgmmas are issued.
+  static __device__ __forceinline__ void load_state_pairs(const Elem* rows, uint32_t (&pairs)[32]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        pairs[2 * j + e / 2] =
+            *reinterpret_cast<const uint32_t*>(rows + Tiles::acc_row(e) * kHeadDim + Tiles::acc_col(j, e));
+  }
+  static __device__ __forceinline__ float dot_with_pairs(const uint32_t (&pairs)[32], const StateAcc& dt) {
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 x = Rs::unpack_pair(pairs[2 * j + e / 2]);
+        dot += x.x * dt[4 * j + e] + x.y * dt[4 * j + e + 1];
+      }
+    return dot;
+  }
+
   static __device__ __forceinline__ void run_state(const BackwardParams& bp, SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
     const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
@@ -129,9 +154,14 @@ struct BackwardDsPass {
     Rs::template to_fragments<8>(dt, dt_frag);
     const bool save_states = bp.chunk_grad_states != nullptr;
 
+    const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
+    uint32_t state_pairs[32];  // S^T entering the chunk, a chunk ahead (HBM latency off the chain)
+    if (save_states && num_chunks > 0)
+      load_state_pairs(Rs::group_rows(p.chunk_states, last_chunk_id, p.num_v_heads, h, group), state_pairs);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      if (save_states) {  // dS^T leaving chunk num_chunks - 1 - c
+      const int64_t chunk_id = last_chunk_id - c;
+      if (save_states) {  // dS^T leaving chunk chunk_id
         if (c > 0) Aux::group_sync(2 + group);  // the previous chunk's copy has read the staging
         Rs::stage_state(s.o[group], dt_frag);
         Aux::group_sync(2 + group);
@@ -152,10 +182,14 @@ struct BackwardDsPass {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
                                                      wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
       wg::commit();
-      if (save_states)
-        Rs::copy_staged_state(
-            Rs::group_rows(bp.chunk_grad_states, item.first_chunk_id + num_chunks - 1 - c, p.num_v_heads, h, group),
-            s.o[group]);
+      if (save_states) {
+        Rs::copy_staged_state(Rs::group_rows(bp.chunk_grad_states, chunk_id, p.num_v_heads, h, group), s.o[group]);
+        const float dot = warp_sum(dot_with_pairs(state_pairs, dt));
+        if (threadIdx.x % 32 == 0)
+          bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + threadIdx.x / 32 - 4] = dot;
+        if (c + 1 < num_chunks)
+          load_state_pairs(Rs::group_rows(p.chunk_states, chunk_id - 1, p.num_v_heads, h, group), state_pairs);
+      }
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];

@@ -180,6 +180,9 @@ struct BackwardParams {
   // chunk, transposed, dtype of q, [chunk id][hv][128][128] (dS^T: V rows, K columns; chunk_states'
   // layout), for the gradient pass.
   void* chunk_grad_states = nullptr;
+  // With chunk_grad_states: <dS, S> of every chunk (dS leaving it in fp32, S entering it from
+  // chunk_states), as 8 per-warp partial sums of the dS pass's state groups, [chunk id][hv][8].
+  float* chunk_grad_dots = nullptr;
 };
 
 }  // namespace flashgdn::kern
