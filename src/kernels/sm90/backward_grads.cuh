@@ -4,7 +4,10 @@
 // grid covers every (chunk, v-head) at once. The equations are fused_backward.cuh's per chunk
 // without the dS update (src/reference/backward_chunked.cpp, float64).
 //
-// Grid (max chunks, Hv); block 256 threads = 2 warpgroups g; one CTA per SM (216 KiB). Every
+// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = h * max_chunks + chunk
+// taken in strides of the grid; block 256 threads = 2 warpgroups g. The next item's loads run under
+// this item's last stages: its early set (V, dO, dS^T) is issued after stage C, its late set (K, Q,
+// S^T, Ag, gate record) after stage E's wgmmas, its A_r (registers) after its stores. Every
 // product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
 // and columns 32 g .. of the 64-wide ones (m64n32), except X (group 0 alone: its B is MN-major, and
 // an N offset inside a swizzled row is avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
@@ -14,9 +17,9 @@
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
-//   0  loads (TMA, thread 0, one mbarrier; a partial chunk's rows past its end zeroed after): K, Q,
-//      V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse); A_r fp32 into registers in the
-//      group's [64, 32] layout, and its bf16 tile; the gates (warp 0)
+//   0  wait for the item's two load sets (TMA, thread kIssuer, two mbarriers; a partial chunk's rows
+//      past its end zeroed after): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse),
+//      the gate record; A_r (fp32, registers in the group's [64, 32] layout) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
@@ -58,12 +61,20 @@ struct BackwardGrads {
   using Acc = float[32];    // m64n64
   using Acc32 = float[16];  // m64n32
   static constexpr int kThreads = 256;
+  static constexpr int kIssuer = 128;  // group 1's first thread issues the loads (group 1 idles in stage D's X)
   static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;    // [64][128]
   static constexpr int kStateTileBytes = Tiles::kStateTileBytes;    // [128][128]
   static constexpr int kSquareTileBytes = Tiles::kSquareTileBytes;  // [64][64]
   static constexpr int kPanelBytes = Tiles::kPanelBytes;            // 64 rows of a 64-column panel
   static constexpr int kStatePanelBytes = Tiles::kStatePanelBytes;  // 128 rows of a 64-column panel
 
+  // One work item: chunk `chunk_id` of v-head h (index = h * max_chunks + chunk_id).
+  struct Item {
+    int64_t index, b, t0, chunk_id;
+    int rows, h, hk;
+    uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
+    bool valid;
+  };
   struct SharedStorage {
     alignas(1024) unsigned char k[kTokenTileBytes];
     alignas(1024) unsigned char q[kTokenTileBytes];
@@ -79,15 +90,17 @@ struct BackwardGrads {
     alignas(1024) unsigned char vd[kTokenTileBytes];
     alignas(1024) unsigned char dvd[kTokenTileBytes];
     alignas(1024) unsigned char du[kTokenTileBytes];
-    alignas(16) float gcum[kChunk];
-    alignas(16) float beta[kChunk];
+    alignas(16) float gcum[kChunk];  // the chunk's gate record (chunk_gates.cuh): gcum, then beta
+    float beta[kChunk];
     float dgs_part[8][kChunk];     // per warp: dg_s row and column terms
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
-    alignas(8) uint64_t loaded;  // the TMA boxes of stage 0
+    alignas(8) uint64_t early, late;  // the item's two load sets
+    Item next;                        // the item whose loads are in flight (thread 128 -> all)
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+  static_assert(offsetof(SharedStorage, beta) == offsetof(SharedStorage, gcum) + kChunk * 4, "one gate record");
 
   static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
   static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
@@ -146,25 +159,57 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
-  // Stage 0's boxes (thread 0, one mbarrier): K, Q, V, dO (two 64-column panels each), Ag (one), the
-  // chunk's S^T and dS^T blocks (two [128][64] panels each).
-  static constexpr uint32_t kLoadBytes = 4 * kTokenTileBytes + kSquareTileBytes + 2 * kStateTileBytes;
-  static __device__ void issue_loads(const BackwardTileMaps& maps, SharedStorage& s, int b, int t0, int hk, int h,
-                                     int64_t chunk_id, int num_v_heads) {
-    tma::barrier_init(&s.loaded, 1);
-    tma::fence_barrier_init();
-    tma::arrive_expect_bytes(&s.loaded, kLoadBytes);
+  // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
+  // last sequence's chunks).
+  static __device__ Item find_item(const ForwardParams& p, int64_t index) {
+    Item it{};
+    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
+      ChunkLocation where;
+      if (!locate_chunk(p, index % p.max_chunks, where)) continue;
+      it.index = index;
+      it.chunk_id = index % p.max_chunks;
+      it.h = static_cast<int>(index / p.max_chunks);
+      it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
+      it.b = where.seq.batch;
+      it.t0 = where.first_token;
+      it.rows = where.rows;
+      it.valid = true;
+      return it;
+    }
+    return it;
+  }
+
+  // The boxes of an item in two sets with one mbarrier each, so that the next item's loads run under
+  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C) and the late
+  // set (K, Q, S^T, Ag and the gate record: read up to stage E).
+  static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes;
+  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kStateTileBytes + kSquareTileBytes + 2 * kChunk * 4;
+  static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it, int num_v_heads) {
+    const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
+    tma::arrive_expect_bytes(&s.early, kEarlyBytes);
     for (int panel = 0; panel < 2; ++panel) {
       const int col = 64 * panel;
-      tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.loaded, col, hk, t0, b);
-      tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.loaded, col, hk, t0, b);
-      tma::load_4d(s.v + panel * kPanelBytes, &maps.inputs.v, &s.loaded, col, h, t0, b);
-      tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.loaded, col, h, t0, b);
-      const int row0 = static_cast<int>((chunk_id * num_v_heads + h) * kHeadDim);
-      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.loaded, col, row0);
-      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.loaded, col, row0);
+      tma::load_4d(s.v + panel * kPanelBytes, &maps.inputs.v, &s.early, col, it.h, t0, b);
+      tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.early, col, it.h, t0, b);
+      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.early, col, state_row(it, num_v_heads));
     }
-    tma::load_4d(s.ag, &maps.inputs.inverse, &s.loaded, 0, h, t0, b);
+  }
+  static __device__ void issue_late(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
+                                    const Item& it) {
+    const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
+    tma::arrive_expect_bytes(&s.late, kLateBytes);
+    for (int panel = 0; panel < 2; ++panel) {
+      const int col = 64 * panel;
+      tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.late, col, it.hk, t0, b);
+      tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
+      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.late, col, state_row(it, p.num_v_heads));
+    }
+    tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
+    tma::load_bulk(s.gcum, p.chunk_gates + (it.chunk_id * p.num_v_heads + it.h) * 2 * kChunk, 2 * kChunk * 4,
+                   &s.late);
+  }
+  static __device__ __forceinline__ int state_row(const Item& it, int num_v_heads) {
+    return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
   }
 
   // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
@@ -203,20 +248,42 @@ struct BackwardGrads {
     extern __shared__ __align__(1024) unsigned char smem_grads[];
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_grads);
     const ForwardParams& p = bp.fwd;
-    const int h = blockIdx.y;
-    ChunkLocation where;
-    if (!locate_chunk(p, blockIdx.x, where)) return;
-    const int64_t b = where.seq.batch, t0 = where.first_token, chunk_id = blockIdx.x;
-    const int rows = where.rows;
-    const int hk = h / (p.num_v_heads / p.num_qk_heads);
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    if (threadIdx.x == kIssuer) {
+      tma::barrier_init(&s.early, 1);
+      tma::barrier_init(&s.late, 1);
+      tma::fence_barrier_init();
+      s.next = find_item(p, blockIdx.x);
+      if (s.next.valid) {
+        issue_early(maps, s, s.next, p.num_v_heads);
+        issue_late(p, maps, s, s.next);
+      }
+    }
+    __syncthreads();
+    const Item first = s.next;
+    if (!first.valid) return;
+    Acc32 a_r;  // A_r of the item, loaded an item ahead
+    load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
+#pragma unroll 1
+    do {
+      run_item(bp, maps, s, a_r);
+      __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them
+    } while (s.next.valid);
+  }
+
+  // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
+  // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
+  static __device__ __forceinline__ void run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
+                                                  SharedStorage& s, Acc32& a_r) {
+    const Item it = s.next;
+    const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     const float scale = p.scale;
+    const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
+    const int rows = it.rows, h = it.h;
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
-    if (threadIdx.x == 0)
-      issue_loads(maps, s, static_cast<int>(b), static_cast<int>(t0), hk, h, chunk_id, p.num_v_heads);
-    if (warp == 0) load_chunk_gates(p, s.gcum, s.beta, b, t0, rows, h);
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
       (&s.dgs_part[0][0])[e] = 0.f;
       (&s.dbeta_col[0][0])[e] = 0.f;
@@ -225,11 +292,9 @@ struct BackwardGrads {
     // <dS, S> from the dS pass (8 partial sums), fetched now for the end (warp 0)
     const float dot_part =
         warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
-    Acc32 a_r;
-    load_inverse(p, b, t0, rows, h, group, a_r);
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
-    __syncthreads();  // the barrier's initialisation, before anyone waits on it
-    tma::wait(&s.loaded, 0);
+    tma::wait(&s.early, it.ordinal % 2);
+    tma::wait(&s.late, it.ordinal % 2);
     if (rows < kChunk) zero_rows(s, rows);
     wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
@@ -415,6 +480,12 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
+      Item next = find_item(p, it.index + gridDim.x);
+      next.ordinal = it.ordinal + 1;
+      s.next = next;
+      if (next.valid) issue_early(maps, s, next, p.num_v_heads);
+    }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
     if (group == 0) {
@@ -497,6 +568,8 @@ struct BackwardGrads {
       wg::fence_operand(dk);
       wg::fence_operand(dk_rest);
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
+      __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
+      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
@@ -520,7 +593,8 @@ struct BackwardGrads {
           *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
       }
-    __syncthreads();
+    const Item next = s.next;
+    if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
 
     // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (warp 0, two rows a lane).
     if (warp == 0) {

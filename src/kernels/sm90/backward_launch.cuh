@@ -2,6 +2,8 @@
 // src/kernels/sm90/instantiations/backward_*.cu.
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/sm90/backward_grads.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/fused_backward.cuh"
@@ -51,12 +53,14 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
                        maps);
 }
 
-// The gradient pass over every (chunk, v-head): chunk_states, chunk_grad_states (the dS pass's
-// main mode), the fp32 inverse and its gated copy.
+// The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,
+// chunk_grad_states and chunk_grad_dots (the dS pass's main mode), the fp32 inverse, its gated copy
+// and the gate records.
 template <ElemKind E>
 cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) {
   if (p.fwd.max_chunks == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.chunk_grad_states == nullptr || p.fwd.chunk_states == nullptr || p.fwd.gated_inverse_out == nullptr)
+  if (p.chunk_grad_states == nullptr || p.chunk_grad_dots == nullptr || p.fwd.chunk_states == nullptr ||
+      p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
     return cudaErrorInvalidValue;
   using Kernel = BackwardGrads<ElemType<E>>;
   ForwardParams boxes = p.fwd;
@@ -69,8 +73,12 @@ cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) 
   auto* kernel = backward_grads_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(p.fwd.max_chunks), p.fwd.num_v_heads), Kernel::kThreads,
-                       smem, stream, p, maps);
+  int device = 0, sms = 0;
+  if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
+  const int64_t items = p.fwd.max_chunks * p.fwd.num_v_heads;  // persistent: one CTA per SM at most
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, sms))), Kernel::kThreads, smem,
+                       stream, p, maps);
 }
 
 }  // namespace flashgdn::kern
