@@ -1,8 +1,8 @@
 // The backward's gradient pass (sm_90a, wgmma): every gradient of one chunk of one v-head from the
 // state entering the chunk (S^T, chunk_states) and the state gradient leaving it (dS^T,
-// chunk_grad_states from the dS pass's main mode, fused_backward_ds.cuh): no recurrence, so the
-// grid covers every (chunk, v-head) at once. The equations are fused_backward.cuh's per chunk
-// without the dS update (src/reference/backward_chunked.cpp, float64).
+// chunk_grad_states from the dS pass's main mode, backward_ds_pass.cuh): no recurrence, so the
+// grid covers every (chunk, v-head) at once. The equations are those of one chunk of
+// src/reference/backward_chunked.cpp (float64) without the dS update.
 //
 // Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = h * max_chunks + chunk
 // taken in strides of the grid; block 256 threads = 2 warpgroups g. The next item's loads run under

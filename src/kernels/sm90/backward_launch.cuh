@@ -1,31 +1,16 @@
-// Launchers of the fused backward kernel, the dS pass and the gradient pass; instantiated per element type in
+// Launchers of the backward's dS pass and gradient pass; instantiated per element type in
 // src/kernels/sm90/instantiations/backward_*.cu.
 #pragma once
 
 #include <algorithm>
 
+#include "kernels/sm90/backward_ds_pass.cuh"
 #include "kernels/sm90/backward_grads.cuh"
 #include "kernels/sm90/elem_types.cuh"
-#include "kernels/sm90/fused_backward.cuh"
-#include "kernels/sm90/fused_backward_ds.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/launch.h"
 
 namespace flashgdn::kern {
-
-template <ElemKind E>
-cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
-  if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.fwd.cp_pass == kCpStatePass) return cudaErrorInvalidValue;  // the dS* pass: launch_backward_ds_pass
-  using Kernel = FusedBackward<ElemType<E>>;
-  constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_backward_kernel<ElemType<E>>;
-  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Kernel::kThreads, smem, stream, p);
-}
 
 // The dS pass on v4's ring: the CP dS* pass (fwd.cp_pass == kCpStatePass) or, with
 // chunk_grad_states, the main mode (kNoCp, kCpMainPass); dO in V's tensor map, the gated inverse

@@ -144,7 +144,7 @@ struct FusedForwardRs {
   }
 
   // The aux group's loop over its item's chunks on the TMA ring (v4 here, v5 in
-  // fused_forward_inv.cuh, the backward's dS pass in fused_backward_ds.cuh): make_item() gives the
+  // fused_forward_inv.cuh, the backward's dS pass in backward_ds_pass.cuh): make_item() gives the
   // item (pure, recomputed per role: v4 and v5 work_item, the dS pass its backward item); with
   // kReverse the chunks run last to first (step c of the loop is chunk n - 1 - c; "chunk c" below is
   // step c). Thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two

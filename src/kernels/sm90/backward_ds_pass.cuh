@@ -1,18 +1,18 @@
 // The backward's dS pass (sm_90a), v4-shaped: the reverse recurrence of the state gradient alone,
 // dS (= D, [K, V]) in fp32 registers as D^T across two state warpgroups, fed by an aux warpgroup on
-// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). Its items are the
-// fused backward's (backward_item):
+// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). Its items
+// (backward_item below):
 //   CP dS* pass (fwd.cp_pass == kCpStatePass): each segment's leading decay window from dS = 0 to
 //     segment_grad_starts;
-//   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), with
-//     bp.chunk_grad_states: dS^T leaving every chunk stored there (v4's staging: stmatrix into the
-//     group's free o staging at the chunk's top, 16-byte copies under its first wgmmas), and
-//     <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the chunk from
-//     chunk_states: the bf16 dS^T would double the rounding in dgamma), dh0 from the first chunk
-//     of a sequence.
+//   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), for the
+//     gradient pass (backward_grads.cuh): dS^T leaving every chunk into bp.chunk_grad_states (v4's
+//     staging: stmatrix into the group's free o staging at the chunk's top, 16-byte copies under
+//     its first wgmmas), <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the
+//     chunk from chunk_states: a bf16 dS^T would double the rounding in dgamma), dh0 from the
+//     first chunk of a sequence.
 //
-// Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
-// rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
+// Math (the per-chunk dS terms of src/reference/backward_chunked.cpp, transposed; s = scale,
+// Gamma = diag(e^g), rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
 //   dVd^T [64v, 64t] = D^T (rho K)^T + s dO^T P                 (dVd = rho (.) (K D) + (sP)^T dO)
 //   dU^T  [64v, 64t] = dVd^T (-Ag Gamma)                          (dU = -Gamma Ag^T dVd)
 //   D^T'  [64v,128k] = e^gamma D^T + dU^T K + dO^T (s Gamma Q)   (D' = e^gamma D + K^T dU + Q^T s Gamma dO)
@@ -37,12 +37,61 @@
 //         Named barriers 2 + g (state group g): the staging's write / read order.
 #pragma once
 
-#include "kernels/sm90/fused_backward.cuh"
 #include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/tensor_map.h"
 
 namespace flashgdn::kern {
+
+// What one CTA of the dS pass does. Without CP, x is a sequence: all its chunks from dht to dh0.
+// With CP, x is a segment j of sequence n:
+//   dS* pass (fwd.cp_pass == kCpStatePass), j >= 1 (every j with p.shard): the segment's leading
+//     decay window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
+//   main pass: the segment from dS_{j+1} (dht for the last segment, else segment_grad_ends[x]);
+//     dS^T leaving each of its chunks; dh0 from the first segment
+struct BackwardItem {
+  bool valid = false;
+  int64_t batch = 0, bos = 0, eos = 0;
+  int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
+  StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
+  StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
+};
+
+__device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
+  const ForwardParams& p = bp.fwd;
+  BackwardItem item;
+  if (p.cp_pass == kNoCp) {
+    const SequenceBounds seq = sequence_bounds(p, x);
+    item.valid = true;
+    item.batch = seq.batch;
+    item.bos = seq.bos;
+    item.eos = seq.eos;
+    item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
+    item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
+    item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
+    return item;
+  }
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return item;
+  item.batch = at.seq.batch;
+  item.bos = at.bos;
+  if (p.cp_pass == kCpStatePass) {
+    if (at.index == 0 && !p.shard) return item;  // a shard's first segment feeds its grad map D
+    const int32_t window = p.grad_window_chunks[x * p.num_v_heads + h];
+    const int64_t window_end = at.bos + static_cast<int64_t>(window) * kChunk;
+    item.eos = window != 0 && window_end < at.eos ? window_end : at.eos;
+    item.ds_start = segment_state(bp.segment_grad_starts, p.num_v_heads, x, h);
+  } else {
+    item.eos = at.eos;
+    item.ds_end = at.last() ? user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, at.sequence, h)
+                            : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
+    if (at.index == 0)
+      item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
+  }
+  item.valid = true;
+  item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;
+  return item;
+}
 
 template <typename Elem>
 struct BackwardDsPass {
