@@ -5,19 +5,19 @@
 namespace flashgdn::plan {
 
 // Fitted by bench/fit_cost_model.py --direction bwd (record:
-// bench/results/2026-11-30_cost_model_bwd_03e9a2f.json).
+// bench/results/2026-11-30_cost_model_bwd_26bb088.json).
 CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 27.266;
-  model.fused_item_us = 27.011;
-  model.state_chunk_us = 3.595;
+  model.fused_chunk_us = 5.999;
+  model.fused_item_us = 1.017;
+  model.state_chunk_us = 5.669;
   model.state_m_chunk_us = 0.000;
-  model.state_item_us = 48.478;
-  model.correction_step_us = 9.602;
+  model.state_item_us = 40.071;
+  model.correction_step_us = 7.210;
   model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
-  model.gate_scan_chunk_us = 9.166;
-  model.launch_us = 0.004;
+  model.gate_scan_chunk_us = 0.000;
+  model.launch_us = 0.020;
   model.min_segment_chunks = 4;
   return model;
 }

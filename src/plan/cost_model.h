@@ -73,7 +73,7 @@ struct CostModel {
 
   // The backward's coefficients (cost_model.cpp), fitted on the H200 by
   // bench/fit_cost_model.py --direction bwd to the whole backward call: the fused chunk stands for
-  // the chunk-state recompute plus the fused backward, the state pass for the forward S* pass plus
+  // the chunk-state recompute, the dS pass and the gradient pass, the state pass for the forward S* pass plus
   // the dS* pass, the correction for the forward and the reverse (M^T) scans.
   static CostModel backward();
 };

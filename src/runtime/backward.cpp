@@ -11,10 +11,13 @@
 //                      leading windows, then the CP forward passes)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
-//   fused_backward     per (sequence or segment, v-head), chunks last to first: dv, dg, dbeta, dh0,
-//                      and dq, dk of every v-head in fp32
+//   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
+//                      leaving every chunk into chunk_grad_states and <dS, S> into chunk_grad_dots,
+//                      dh0
+//   backward_grads     every (chunk, v-head) at once: dv, dg, dbeta, and dq, dk of every v-head
+//                      in fp32
 //   [qk_grads]         dq, dk: group sums over v-heads, L2-norm backward, cast (skipped when
-//                      Hv == Hqk without the L2 norm: the fused kernel then writes dq, dk)
+//                      Hv == Hqk without the L2 norm: the gradient pass then writes dq, dk)
 //   [zero_grad_padding]  only in varlen mode, unless the host copy of cu_seqlens shows no padding:
 //                        dv, dg, dbeta of tokens past cu_seqlens[N]
 // Shard phases (ShardPhase, always with CP): kMaps = chunk_inverse, the windows, the forward state
@@ -23,7 +26,8 @@
 // d_final_state and the rest, on kMaps' workspace.
 //
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
-// [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; dq_heads, dk_heads
+// [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
+// [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; dq_heads, dk_heads
 // fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
@@ -38,6 +42,7 @@ namespace {
 struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
+  std::size_t chunk_grad_states = 0, chunk_grad_dots = 0;
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
@@ -65,6 +70,10 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * sizeof(float));
   layout.chunk_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+  layout.chunk_grad_states = offset;
+  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
+  layout.chunk_grad_dots = offset;
+  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 8 * sizeof(float));
   if (!direct_qk(in)) {
     layout.dq_heads = offset;
     offset = align_up(offset + tokens_heads * 128 * sizeof(float));
@@ -141,7 +150,7 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
-  // The pre-pass (v4) reads Ag and the gate records; the fused backward A_r.
+  // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too.
   p.inverse = p.gated_inverse_out;
   p.gated_inverse = true;
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
@@ -198,9 +207,17 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, stream), "cp_grad_correction"); !s.ok()) return s;
     p.cp_pass = kern::kCpMainPass;
   }
-  if (auto s = cuda_status(bf16 ? kern::launch_fused_backward<kern::ElemKind::kBF16>(bp, stream)
-                                : kern::launch_fused_backward<kern::ElemKind::kF16>(bp, stream),
-                           "fused_backward");
+  // dS^T leaving every chunk (and dh0), then every chunk's gradients
+  bp.chunk_grad_states = ws + layout.chunk_grad_states;
+  bp.chunk_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
+  if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
+                                : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
+                           "backward_ds_pass");
+      !s.ok())
+    return s;
+  if (auto s = cuda_status(bf16 ? kern::launch_backward_grads<kern::ElemKind::kBF16>(bp, stream)
+                                : kern::launch_backward_grads<kern::ElemKind::kF16>(bp, stream),
+                           "backward_grads");
       !s.ok())
     return s;
   if (!bp.direct_qk) {

@@ -1,36 +1,27 @@
-// Launchers of the fused backward kernel and the dS pass; instantiated per element type in
+// Launchers of the backward's dS pass and gradient pass; instantiated per element type in
 // src/kernels/sm90/instantiations/backward_*.cu.
 #pragma once
 
+#include <algorithm>
+
+#include "kernels/sm90/backward_ds_pass.cuh"
+#include "kernels/sm90/backward_grads.cuh"
 #include "kernels/sm90/elem_types.cuh"
-#include "kernels/sm90/fused_backward.cuh"
-#include "kernels/sm90/fused_backward_ds.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/launch.h"
 
 namespace flashgdn::kern {
 
-template <ElemKind E>
-cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
-  if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.fwd.cp_pass == kCpStatePass) return cudaErrorInvalidValue;  // the dS* pass: launch_backward_ds_pass
-  using Kernel = FusedBackward<ElemType<E>>;
-  constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = fused_backward_kernel<ElemType<E>>;
-  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess)
-    return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Kernel::kThreads, smem, stream, p);
-}
-
-// The CP dS* pass (fwd.cp_pass == kCpStatePass) on v4's ring: dO in V's tensor map, the gated
-// inverse copy (fwd.gated_inverse_out) in the inverse's, the gate records in fwd.chunk_gates.
+// The dS pass on v4's ring: the CP dS* pass (fwd.cp_pass == kCpStatePass) or, with
+// chunk_grad_states, the main mode (kNoCp, kCpMainPass); dO in V's tensor map, the gated inverse
+// copy (fwd.gated_inverse_out) in the inverse's, the gate records in fwd.chunk_gates.
 template <ElemKind E>
 cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t items = p.fwd.max_segments;
+  const int64_t items = p.fwd.cp_pass == kNoCp ? p.fwd.num_seqs : p.fwd.max_segments;
   if (items == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.fwd.cp_pass != kCpStatePass || p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
+  const bool main_mode = p.fwd.cp_pass != kCpStatePass;
+  if (main_mode != (p.chunk_grad_states != nullptr) || p.fwd.gated_inverse_out == nullptr ||
+      p.fwd.chunk_gates == nullptr)
     return cudaErrorInvalidValue;
   using Pass = BackwardDsPass<ElemType<E>>;
   ForwardParams boxes = p.fwd;
@@ -45,6 +36,34 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
     return err;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads, smem, stream, p,
                        maps);
+}
+
+// The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,
+// chunk_grad_states and chunk_grad_dots (the dS pass's main mode), the fp32 inverse, its gated copy
+// and the gate records.
+template <ElemKind E>
+cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) {
+  if (p.fwd.max_chunks == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
+  if (p.chunk_grad_states == nullptr || p.chunk_grad_dots == nullptr || p.fwd.chunk_states == nullptr ||
+      p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
+    return cudaErrorInvalidValue;
+  using Kernel = BackwardGrads<ElemType<E>>;
+  ForwardParams boxes = p.fwd;
+  boxes.inverse = p.fwd.gated_inverse_out;
+  BackwardTileMaps maps;
+  if (encode_backward_maps(boxes, p.d_o, p.d_o_strides, p.chunk_grad_states, p.fwd.max_chunks, E == ElemKind::kF16,
+                           &maps) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  auto* kernel = backward_grads_kernel<ElemType<E>>;
+  if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
+    return err;
+  int device = 0, sms = 0;
+  if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
+  const int64_t items = p.fwd.max_chunks * p.fwd.num_v_heads;  // persistent: one CTA per SM at most
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, sms))), Kernel::kThreads, smem,
+                       stream, p, maps);
 }
 
 }  // namespace flashgdn::kern

@@ -144,7 +144,7 @@ struct FusedForwardRs {
   }
 
   // The aux group's loop over its item's chunks on the TMA ring (v4 here, v5 in
-  // fused_forward_inv.cuh, the backward's dS pass in fused_backward_ds.cuh): make_item() gives the
+  // fused_forward_inv.cuh, the backward's dS pass in backward_ds_pass.cuh): make_item() gives the
   // item (pure, recomputed per role: v4 and v5 work_item, the dS pass its backward item); with
   // kReverse the chunks run last to first (step c of the loop is chunk n - 1 - c; "chunk c" below is
   // step c). Thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two
@@ -440,26 +440,29 @@ struct FusedForwardRs {
   }
 
   // The backward's chunk-state pass writes no o, so a state group's o staging (o[group], 16 KiB)
-  // holds S^T entering chunk c on its way to chunk_states[chunk id][h] (rows v = 64 group ..):
-  // stage_entering_state puts S^T's fragments there by stmatrix (two 128B-swizzled panels, key
-  // columns 64 p ..; k-step ks is column block 2 (ks % 4) of panel ks / 4), copy_entering_state
-  // copies them out in 16-byte vectors (thread t: vectors t, t + 128, ..., row v / 16, columns
-  // 8 (v % 16) ..; a warp writes two whole 256-byte rows per step) under the chunk's wgmmas.
-  static __device__ __forceinline__ void stage_entering_state(unsigned char* staging, const Fragments (&st_frag)[8]) {
+  // holds S^T entering chunk c on its way to chunk_states[chunk id][h] (rows v = 64 group ..; the
+  // backward's dS pass does the same with dS^T): stage_state puts the state's fragments there by
+  // stmatrix (two 128B-swizzled panels, key columns 64 p ..; k-step ks is column block 2 (ks % 4) of
+  // panel ks / 4), copy_staged_state copies them to the group's 64 rows of a [128][128] block in
+  // 16-byte vectors (thread t: vectors t, t + 128, ..., row v / 16, columns 8 (v % 16) ..; a warp
+  // writes two whole 256-byte rows per step), issued under the chunk's wgmmas.
+  static __device__ __forceinline__ void stage_state(unsigned char* staging, const Fragments (&frag)[8]) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)
-      stmatrix_x4(Tiles::fragment_rows(staging + (ks / 4) * kPanelBytes, 0, 2 * (ks % 4)), st_frag[ks]);
+      stmatrix_x4(Tiles::fragment_rows(staging + (ks / 4) * kPanelBytes, 0, 2 * (ks % 4)), frag[ks]);
   }
-  static __device__ __forceinline__ void copy_entering_state(const ForwardParams& p, const WorkItem& item, int64_t c,
-                                                             int h, int group, const unsigned char* staging) {
-    Elem* rows = static_cast<Elem*>(p.chunk_states) +
-                 ((item.first_chunk_id + c) * p.num_v_heads + h) * (kHeadDim * kHeadDim) + 64 * group * kHeadDim;
+  static __device__ __forceinline__ void copy_staged_state(Elem* out_rows, const unsigned char* staging) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int v = threadIdx.x % 128 + 128 * i, row = v / 16, vec = v % 16;
-      *reinterpret_cast<uint4*>(rows + row * kHeadDim + vec * 8) =
+      *reinterpret_cast<uint4*>(out_rows + row * kHeadDim + vec * 8) =
           *reinterpret_cast<const uint4*>(staging + (vec / 8) * kPanelBytes + wg::swizzled_offset(row, (vec % 8) * 8));
     }
+  }
+  // Group `group`'s first row of the [128][128] block of (chunk id, h) in a per-chunk state table.
+  static __device__ __forceinline__ Elem* group_rows(void* table, int64_t chunk_id, int num_v_heads, int h,
+                                                     int group) {
+    return static_cast<Elem*>(table) + (chunk_id * num_v_heads + h) * (kHeadDim * kHeadDim) + 64 * group * kHeadDim;
   }
 
   // Chunk c's slot (c % 2) once the aux group has made it ready.
@@ -485,7 +488,7 @@ struct FusedForwardRs {
     for (int64_t c = 0; c < num_chunks; ++c) {
       if (save_states) {
         if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging
-        stage_entering_state(s.o[group], st_frag);
+        stage_state(s.o[group], st_frag);
         Aux::group_sync(2 + group);
       }
       const int buf = wait_ready(p, s.ready, c);
@@ -504,7 +507,8 @@ struct FusedForwardRs {
                                         true);
       if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
-      if (save_states) copy_entering_state(p, item, c, h, group, s.o[group]);
+      if (save_states)
+        copy_staged_state(group_rows(p.chunk_states, item.first_chunk_id + c, p.num_v_heads, h, group), s.o[group]);
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(o);

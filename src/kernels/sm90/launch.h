@@ -73,12 +73,14 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream);
 template <ElemKind E, InverseKind I>
 cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream);
 
-// Backward (the inverse in fp32 and chunk_states saved by launch_fused_forward<E, kF32> first).
-template <ElemKind E>
-cudaError_t launch_fused_backward(const BackwardParams& p, cudaStream_t stream);
-// The CP dS* pass on v4's ring (fused_backward_ds.cuh; needs fwd.gated_inverse_out and fwd.chunk_gates).
+// Backward (the inverse in fp32, its gated copy, the gate records and chunk_states written by the
+// forward passes first). The dS pass on v4's ring (backward_ds_pass.cuh; needs fwd.gated_inverse_out
+// and fwd.chunk_gates): the CP dS* pass, or with chunk_grad_states the main mode.
 template <ElemKind E>
 cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream);
+// The gradient pass (backward_grads.cuh) over every (chunk, v-head), after the main mode.
+template <ElemKind E>
+cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream);
 
 // dq, dk from the per-v-head fp32 gradients: group sum, L2-norm backward, cast, varlen padding.
 template <ElemKind E>

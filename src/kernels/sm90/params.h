@@ -156,7 +156,7 @@ struct BackwardParams {
 
   // dq, dk of every v-head in fp32, (b * seqlen + t, hv, 128) (workspace), then summed over each
   // group of v-heads (and through the L2 norm) into dq, dk (b, t, hqk, 128), dtype of q. With
-  // direct_qk (Hv == Hqk, no L2 norm: nothing to sum or chain) the fused kernel writes dq, dk.
+  // direct_qk (Hv == Hqk, no L2 norm: nothing to sum or chain) the gradient pass writes dq, dk.
   bool direct_qk = false;
   float* dq_heads = nullptr;
   float* dk_heads = nullptr;
@@ -169,13 +169,20 @@ struct BackwardParams {
   RowStrides q_raw_strides, k_raw_strides;
   bool l2norm = false;
 
-  // Backward CP (fwd.cp_pass: kCpStatePass runs the dS* pass, kCpMainPass the fused backward of
-  // every segment); windows in fwd.grad_window_chunks.
+  // Backward CP (fwd.cp_pass: kCpStatePass runs the dS* pass, kCpMainPass the dS pass's main
+  // mode over every segment, then the gradient pass); windows in fwd.grad_window_chunks.
   float* segment_grad_starts = nullptr;  // [segment][hv][128][128]: dS*_j w.r.t. the state entering segment j
   float* segment_grad_ends = nullptr;    // [segment][hv][128][128]: dS_{j+1} w.r.t. the state leaving segment j
   // Backward shard maps (fwd.shard): fp32 [N][hv][128][128], D = the gradient reaching each
   // sequence's entering state from d_o alone (dht = 0).
   float* shard_grad = nullptr;
+  // The dS pass's main mode (fwd.cp_pass kNoCp or kCpMainPass): the state gradient leaving every
+  // chunk, transposed, dtype of q, [chunk id][hv][128][128] (dS^T: V rows, K columns; chunk_states'
+  // layout), for the gradient pass.
+  void* chunk_grad_states = nullptr;
+  // With chunk_grad_states: <dS, S> of every chunk (dS leaving it in fp32, S entering it from
+  // chunk_states), as 8 per-warp partial sums of the dS pass's state groups, [chunk id][hv][8].
+  float* chunk_grad_dots = nullptr;
 };
 
 }  // namespace flashgdn::kern

@@ -89,4 +89,26 @@ inline CUresult encode_forward_maps(const ForwardParams& p, bool f16, ForwardTil
   return CUDA_SUCCESS;
 }
 
+// The gradient pass's boxes (backward_grads.cuh): v4's maps over q, k, v and the gated inverse, dO,
+// and the per-chunk state tables (chunk_states, chunk_grad_states: [chunk, hv, 128 rows] x 128, boxes
+// of 128 rows x 64 columns, one [128][64] panel each).
+struct BackwardTileMaps {
+  ForwardTileMaps inputs;
+  CUtensorMap d_o;
+  CUtensorMap states, grad_states;
+};
+
+inline CUresult encode_backward_maps(const ForwardParams& p, const void* d_o, const RowStrides& d_o_strides,
+                                     const void* grad_states, int64_t chunks, bool f16, BackwardTileMaps* maps) {
+  if (auto r = encode_forward_maps(p, f16, &maps->inputs); r != CUDA_SUCCESS) return r;
+  const auto rows = static_cast<uint64_t>(chunks) * static_cast<uint64_t>(p.num_v_heads) * 128;
+  for (const CUresult r : {encode_token_map(&maps->d_o, d_o, static_cast<uint64_t>(p.batch),
+                                            static_cast<uint64_t>(p.seqlen), static_cast<uint64_t>(p.num_v_heads), 128,
+                                            d_o_strides.batch, d_o_strides.token, d_o_strides.head, f16),
+                           encode_panel_map(&maps->states, p.chunk_states, rows, 128, 256, 128, f16),
+                           encode_panel_map(&maps->grad_states, grad_states, rows, 128, 256, 128, f16)})
+    if (r != CUDA_SUCCESS) return r;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace flashgdn::kern

@@ -1,7 +1,7 @@
-// Explicit instantiation: fused backward and dS pass, q/k/v f16.
+// Explicit instantiation: the backward's dS pass and gradient pass, q/k/v f16.
 #include "kernels/sm90/backward_launch.cuh"
 
 namespace flashgdn::kern {
-template cudaError_t launch_fused_backward<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
 template cudaError_t launch_backward_ds_pass<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
+template cudaError_t launch_backward_grads<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
 }  // namespace flashgdn::kern

@@ -1,12 +1,18 @@
 // The backward's dS pass (sm_90a), v4-shaped: the reverse recurrence of the state gradient alone,
 // dS (= D, [K, V]) in fp32 registers as D^T across two state warpgroups, fed by an aux warpgroup on
-// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). It runs the CP dS*
-// pass (BackwardItem with fwd.cp_pass == kCpStatePass: each segment's leading decay window from
-// dS = 0, or its given end gradient, to segment_grad_starts), in place of the fused backward's
-// former mma.sync dS-only path.
+// v4's TMA ring (fused_forward_rs.cuh: aux_loop with the chunks last to first). Its items
+// (backward_item below):
+//   CP dS* pass (fwd.cp_pass == kCpStatePass): each segment's leading decay window from dS = 0 to
+//     segment_grad_starts;
+//   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), for the
+//     gradient pass (backward_grads.cuh): dS^T leaving every chunk into bp.chunk_grad_states (v4's
+//     staging: stmatrix into the group's free o staging at the chunk's top, 16-byte copies under
+//     its first wgmmas), <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the
+//     chunk from chunk_states: a bf16 dS^T would double the rounding in dgamma), dh0 from the
+//     first chunk of a sequence.
 //
-// Math (fused_backward.cuh's per-chunk dS terms, transposed; s = scale, Gamma = diag(e^g),
-// rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
+// Math (the per-chunk dS terms of src/reference/backward_chunked.cpp, transposed; s = scale,
+// Gamma = diag(e^g), rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
 //   dVd^T [64v, 64t] = D^T (rho K)^T + s dO^T P                 (dVd = rho (.) (K D) + (sP)^T dO)
 //   dU^T  [64v, 64t] = dVd^T (-Ag Gamma)                          (dU = -Gamma Ag^T dVd)
 //   D^T'  [64v,128k] = e^gamma D^T + dU^T K + dO^T (s Gamma Q)   (D' = e^gamma D + K^T dU + Q^T s Gamma dO)
@@ -28,14 +34,64 @@
 //           D^T  *= e^gamma;  D^T += dU^T @ K (RS, 4 x m64n128k16) + dO^T @ (s Gamma Q) (SS, 4)
 //           free[c % 2]; D^T -> A fragments
 //         After the item: D^T -> ds_start (fp32, the StateBlock's layout).
+//         Named barriers 2 + g (state group g): the staging's write / read order.
 #pragma once
 
-#include "kernels/sm90/fused_backward.cuh"
 #include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/tensor_map.h"
 
 namespace flashgdn::kern {
+
+// What one CTA of the dS pass does. Without CP, x is a sequence: all its chunks from dht to dh0.
+// With CP, x is a segment j of sequence n:
+//   dS* pass (fwd.cp_pass == kCpStatePass), j >= 1 (every j with p.shard): the segment's leading
+//     decay window (the whole segment without one) from dS = 0 -> segment_grad_starts[x]
+//   main pass: the segment from dS_{j+1} (dht for the last segment, else segment_grad_ends[x]);
+//     dS^T leaving each of its chunks; dh0 from the first segment
+struct BackwardItem {
+  bool valid = false;
+  int64_t batch = 0, bos = 0, eos = 0;
+  int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
+  StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
+  StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
+};
+
+__device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
+  const ForwardParams& p = bp.fwd;
+  BackwardItem item;
+  if (p.cp_pass == kNoCp) {
+    const SequenceBounds seq = sequence_bounds(p, x);
+    item.valid = true;
+    item.batch = seq.batch;
+    item.bos = seq.bos;
+    item.eos = seq.eos;
+    item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
+    item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
+    item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
+    return item;
+  }
+  const SegmentLocation at = locate_segment(p, x);
+  if (!at.valid) return item;
+  item.batch = at.seq.batch;
+  item.bos = at.bos;
+  if (p.cp_pass == kCpStatePass) {
+    if (at.index == 0 && !p.shard) return item;  // a shard's first segment feeds its grad map D
+    const int32_t window = p.grad_window_chunks[x * p.num_v_heads + h];
+    const int64_t window_end = at.bos + static_cast<int64_t>(window) * kChunk;
+    item.eos = window != 0 && window_end < at.eos ? window_end : at.eos;
+    item.ds_start = segment_state(bp.segment_grad_starts, p.num_v_heads, x, h);
+  } else {
+    item.eos = at.eos;
+    item.ds_end = at.last() ? user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, at.sequence, h)
+                            : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
+    if (at.index == 0)
+      item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
+  }
+  item.valid = true;
+  item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;
+  return item;
+}
 
 template <typename Elem>
 struct BackwardDsPass {
@@ -108,6 +164,29 @@ struct BackwardDsPass {
     }
   }
 
+  // <D, S> for the gradient pass's dgamma, with D in fp32 (the state gradient leaving the chunk, this
+  // thread's D^T elements) and S^T entering the chunk from chunk_states (the group's rows): the pairs
+  // are loaded a chunk ahead and summed once the chunk's first wgmmas are issued.
+  static __device__ __forceinline__ void load_state_pairs(const Elem* rows, uint32_t (&pairs)[32]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        pairs[2 * j + e / 2] =
+            *reinterpret_cast<const uint32_t*>(rows + Tiles::acc_row(e) * kHeadDim + Tiles::acc_col(j, e));
+  }
+  static __device__ __forceinline__ float dot_with_pairs(const uint32_t (&pairs)[32], const StateAcc& dt) {
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 x = Rs::unpack_pair(pairs[2 * j + e / 2]);
+        dot += x.x * dt[4 * j + e] + x.y * dt[4 * j + e + 1];
+      }
+    return dot;
+  }
+
   static __device__ __forceinline__ void run_state(const BackwardParams& bp, SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
     const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
@@ -122,9 +201,20 @@ struct BackwardDsPass {
     }
     Fragments dt_frag[8];
     Rs::template to_fragments<8>(dt, dt_frag);
+    const bool save_states = bp.chunk_grad_states != nullptr;
 
+    const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
+    uint32_t state_pairs[32];  // S^T entering the chunk, a chunk ahead (HBM latency off the chain)
+    if (save_states && num_chunks > 0)
+      load_state_pairs(Rs::group_rows(p.chunk_states, last_chunk_id, p.num_v_heads, h, group), state_pairs);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
+      const int64_t chunk_id = last_chunk_id - c;
+      if (save_states) {  // dS^T leaving chunk chunk_id
+        if (c > 0) Aux::group_sync(2 + group);  // the previous chunk's copy has read the staging
+        Rs::stage_state(s.o[group], dt_frag);
+        Aux::group_sync(2 + group);
+      }
       const int buf = Rs::wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
       const unsigned char* d_o = slot.v + group * kPanelBytes;  // dO came in V's boxes
@@ -141,6 +231,14 @@ struct BackwardDsPass {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
                                                      wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
       wg::commit();
+      if (save_states) {
+        Rs::copy_staged_state(Rs::group_rows(bp.chunk_grad_states, chunk_id, p.num_v_heads, h, group), s.o[group]);
+        const float dot = warp_sum(dot_with_pairs(state_pairs, dt));
+        if (threadIdx.x % 32 == 0)
+          bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + threadIdx.x / 32 - 4] = dot;
+        if (c + 1 < num_chunks)
+          load_state_pairs(Rs::group_rows(p.chunk_states, chunk_id - 1, p.num_v_heads, h, group), state_pairs);
+      }
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];

@@ -1,0 +1,658 @@
+// The backward's gradient pass (sm_90a, wgmma): every gradient of one chunk of one v-head from the
+// state entering the chunk (S^T, chunk_states) and the state gradient leaving it (dS^T,
+// chunk_grad_states from the dS pass's main mode, backward_ds_pass.cuh): no recurrence, so the
+// grid covers every (chunk, v-head) at once. The equations are those of one chunk of
+// src/reference/backward_chunked.cpp (float64) without the dS update.
+//
+// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = h * max_chunks + chunk
+// taken in strides of the grid; block 256 threads = 2 warpgroups g. The next item's loads run under
+// this item's last stages: its early set (V, dO, dS^T) is issued after stage C, its late set (K, Q,
+// S^T, Ag, gate record) after stage E's wgmmas, its A_r (registers) after its stores. Every
+// product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
+// and columns 32 g .. of the 64-wide ones (m64n32), except X (group 0 alone: its B is MN-major, and
+// an N offset inside a swizzled row is avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
+//
+// Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
+// [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
+// per-warp partial sums (fixed-order adds: deterministic).
+//
+// Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
+//   0  wait for the item's two load sets (TMA, thread kIssuer, two mbarriers; a partial chunk's rows
+//      past its end zeroed after): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse),
+//      the gate record; A_r (fp32, registers in the group's [64, 32] layout) -> its bf16 tile
+//   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
+//      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
+//   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
+//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round)
+//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
+//      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
+//      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
+//      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
+//      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
+//      registers (a second commit group, running under the first one's epilogue): dg_s +=
+//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a)
+//   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
+//      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
+//      dM = diag(beta) dL -> Ag's bytes
+//   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
+//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
+//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63 (<dS, S> from the dS pass,
+//      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
+//      dbeta -> HBM (warp 0)
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/fused_forward_wg.cuh"
+#include "kernels/sm90/grid_dependency.cuh"
+#include "kernels/sm90/params.h"
+#include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/tma.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace flashgdn::kern {
+
+template <typename Elem>
+struct BackwardGrads {
+  using Tiles = FusedForwardWg<Elem, float>;  // accumulator coordinates, stmatrix of [64, 64] tiles
+  using Major = wg::Major;
+  using Acc = float[32];    // m64n64
+  using Acc32 = float[16];  // m64n32
+  static constexpr int kThreads = 256;
+  static constexpr int kIssuer = 128;  // group 1's first thread issues the loads (group 1 idles in stage D's X)
+  static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;    // [64][128]
+  static constexpr int kStateTileBytes = Tiles::kStateTileBytes;    // [128][128]
+  static constexpr int kSquareTileBytes = Tiles::kSquareTileBytes;  // [64][64]
+  static constexpr int kPanelBytes = Tiles::kPanelBytes;            // 64 rows of a 64-column panel
+  static constexpr int kStatePanelBytes = Tiles::kStatePanelBytes;  // 128 rows of a 64-column panel
+
+  // One work item: chunk `chunk_id` of v-head h (index = h * max_chunks + chunk_id).
+  struct Item {
+    int64_t index, b, t0, chunk_id;
+    int rows, h, hk;
+    uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
+    bool valid;
+  };
+  struct SharedStorage {
+    alignas(1024) unsigned char k[kTokenTileBytes];
+    alignas(1024) unsigned char q[kTokenTileBytes];
+    alignas(1024) unsigned char v[kTokenTileBytes];  // V, then W
+    alignas(1024) unsigned char d_o[kTokenTileBytes];
+    alignas(1024) unsigned char st[kStateTileBytes];   // S^T entering the chunk
+    alignas(1024) unsigned char dst[kStateTileBytes];  // dS^T leaving it
+    alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM
+    alignas(1024) unsigned char ar[kSquareTileBytes];
+    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
+    alignas(1024) unsigned char dp[kSquareTileBytes];
+    alignas(1024) unsigned char dar[kSquareTileBytes];
+    alignas(1024) unsigned char vd[kTokenTileBytes];
+    alignas(1024) unsigned char dvd[kTokenTileBytes];
+    alignas(1024) unsigned char du[kTokenTileBytes];
+    alignas(16) float gcum[kChunk];  // the chunk's gate record (chunk_gates.cuh): gcum, then beta
+    float beta[kChunk];
+    float dgs_part[8][kChunk];     // per warp: dg_s row and column terms
+    float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
+    float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
+    float ka_part[8];
+    alignas(8) uint64_t early, late;  // the item's two load sets
+    Item next;                        // the item whose loads are in flight (thread 128 -> all)
+  };
+  static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+  static_assert(offsetof(SharedStorage, beta) == offsetof(SharedStorage, gcum) + kChunk * 4, "one gate record");
+
+  static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
+  static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
+  // Sum over the 4 lanes of an accumulator row; lane % 4 == 0 adds it to dst[row].
+  static __device__ __forceinline__ void add_row_sum(float* dst, int row, float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    if (threadIdx.x % 4 == 0) dst[row] += x;
+  }
+  // Sum over the 8 lanes of an accumulator column (a warp's 8 rows of one half).
+  static __device__ __forceinline__ float column_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    return x;
+  }
+
+  // A 64-column panel's elements at this thread's m64nN accumulator positions, by ldmatrix_x4 of
+  // column blocks j0 .. j0 + N / 8 - 1 (Tiles::fragment_rows): f(j, e, pair) for accumulator
+  // elements 4 j + e, e + 1 (e even), j counted from j0.
+  template <int kN, typename F>
+  static __device__ __forceinline__ void for_panel_pairs(const unsigned char* panel, int j0, F&& f) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, Tiles::fragment_rows(const_cast<unsigned char*>(panel), 0, j0 + j));
+#pragma unroll
+      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack(r[m]));
+    }
+  }
+  // value(j, e) of an m64nN accumulator -> a 64-column panel at column blocks j0 .. (stmatrix_x4).
+  template <int kN, typename F>
+  static __device__ __forceinline__ void store_panel(unsigned char* panel, int j0, F&& value) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int jj = j + m / 2, e = 2 * (m % 2);
+        regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
+      }
+      stmatrix_x4(Tiles::fragment_rows(panel, 0, j0 + j), regs);
+    }
+  }
+
+  // Row dots of an m64n64 accumulator with a 64-column panel at the same positions, times `sign`,
+  // added to dst; returns this thread's unscaled share.
+  static __device__ __forceinline__ float add_row_dots(float* dst, const Acc& acc, const unsigned char* panel,
+                                                       float sign) {
+    float sum[2] = {0.f, 0.f};
+    for_panel_pairs<64>(panel, 0, [&](int j, int e, float2 x) {
+      sum[e / 2] += x.x * acc[4 * j + e] + x.y * acc[4 * j + e + 1];
+    });
+#pragma unroll
+    for (int half = 0; half < 2; ++half) add_row_sum(dst, acc_row(2 * half), sign * sum[half]);
+    return sum[0] + sum[1];
+  }
+
+  // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
+  // last sequence's chunks).
+  static __device__ Item find_item(const ForwardParams& p, int64_t index) {
+    Item it{};
+    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
+      ChunkLocation where;
+      if (!locate_chunk(p, index % p.max_chunks, where)) continue;
+      it.index = index;
+      it.chunk_id = index % p.max_chunks;
+      it.h = static_cast<int>(index / p.max_chunks);
+      it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
+      it.b = where.seq.batch;
+      it.t0 = where.first_token;
+      it.rows = where.rows;
+      it.valid = true;
+      return it;
+    }
+    return it;
+  }
+
+  // The boxes of an item in two sets with one mbarrier each, so that the next item's loads run under
+  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C) and the late
+  // set (K, Q, S^T, Ag and the gate record: read up to stage E).
+  static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes;
+  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kStateTileBytes + kSquareTileBytes + 2 * kChunk * 4;
+  static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it, int num_v_heads) {
+    const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
+    tma::arrive_expect_bytes(&s.early, kEarlyBytes);
+    for (int panel = 0; panel < 2; ++panel) {
+      const int col = 64 * panel;
+      tma::load_4d(s.v + panel * kPanelBytes, &maps.inputs.v, &s.early, col, it.h, t0, b);
+      tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.early, col, it.h, t0, b);
+      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.early, col, state_row(it, num_v_heads));
+    }
+  }
+  static __device__ void issue_late(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
+                                    const Item& it) {
+    const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
+    tma::arrive_expect_bytes(&s.late, kLateBytes);
+    for (int panel = 0; panel < 2; ++panel) {
+      const int col = 64 * panel;
+      tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.late, col, it.hk, t0, b);
+      tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
+      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.late, col, state_row(it, p.num_v_heads));
+    }
+    tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
+    tma::load_bulk(s.gcum, p.chunk_gates + (it.chunk_id * p.num_v_heads + it.h) * 2 * kChunk, 2 * kChunk * 4,
+                   &s.late);
+  }
+  static __device__ __forceinline__ int state_row(const Item& it, int num_v_heads) {
+    return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
+  }
+
+  // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
+  // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
+  static __device__ void zero_rows(SharedStorage& s, int rows) {
+    static_assert(offsetof(SharedStorage, d_o) == offsetof(SharedStorage, k) + 3 * kTokenTileBytes,
+                  "K, Q, V, dO back to back: eight consecutive panels");
+    const int units = (kChunk - rows) * 8;  // per 64-row panel
+    for (int i = threadIdx.x; i < 8 * units; i += kThreads)
+      *reinterpret_cast<uint4*>(s.k + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < units; i += kThreads)
+      *reinterpret_cast<uint4*>(s.ag + rows * 128 + i * 16) = make_uint4(0, 0, 0, 0);
+  }
+
+  // A_r at this thread's [64, 32] accumulator positions of group g (columns 32 g ..), fp32, zero
+  // past the chunk's rows and above the diagonal; element 4 j + e.
+  static __device__ __forceinline__ void load_inverse(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h,
+                                                      int group, Acc32& a_r) {
+    const float* base = static_cast<const float*>(p.inverse) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+        float2 x = make_float2(0.f, 0.f);
+        if (row < rows && col <= row) {
+          const float* src = base + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col;
+          x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
+        }
+        a_r[4 * j + e] = x.x;
+        a_r[4 * j + e + 1] = x.y;
+      }
+  }
+
+  static __device__ void run(const BackwardParams& bp, const BackwardTileMaps& maps) {
+    extern __shared__ __align__(1024) unsigned char smem_grads[];
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_grads);
+    const ForwardParams& p = bp.fwd;
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    if (threadIdx.x == kIssuer) {
+      tma::barrier_init(&s.early, 1);
+      tma::barrier_init(&s.late, 1);
+      tma::fence_barrier_init();
+      s.next = find_item(p, blockIdx.x);
+      if (s.next.valid) {
+        issue_early(maps, s, s.next, p.num_v_heads);
+        issue_late(p, maps, s, s.next);
+      }
+    }
+    __syncthreads();
+    const Item first = s.next;
+    if (!first.valid) return;
+    Acc32 a_r;  // A_r of the item, loaded an item ahead
+    load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
+#pragma unroll 1
+    do {
+      run_item(bp, maps, s, a_r);
+      __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them
+    } while (s.next.valid);
+  }
+
+  // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
+  // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
+  static __device__ __forceinline__ void run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
+                                                  SharedStorage& s, Acc32& a_r) {
+    const Item it = s.next;
+    const ForwardParams& p = bp.fwd;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    const float scale = p.scale;
+    const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
+    const int rows = it.rows, h = it.h;
+
+    // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
+    for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
+      (&s.dgs_part[0][0])[e] = 0.f;
+      (&s.dbeta_col[0][0])[e] = 0.f;
+      (&s.dbeta_row[0][0])[e] = 0.f;
+    }
+    // <dS, S> from the dS pass (8 partial sums), fetched now for the end (warp 0)
+    const float dot_part =
+        warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
+    store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
+    tma::wait(&s.early, it.ordinal % 2);
+    tma::wait(&s.late, it.ordinal % 2);
+    if (rows < kChunk) zero_rows(s, rows);
+    wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
+    __syncthreads();
+    const float gamma = s.gcum[kChunk - 1];
+    const float row_gate[2] = {s.gcum[acc_row(0)], s.gcum[acc_row(2)]};
+
+    // ── Stage A: U, W; P, Pg ───────────────────────────────────────────────────────────────────
+    Acc32 qk;  // P = Q K^T, columns 32 g .., kept for E
+    {
+      Acc u;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(u, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.st + 64 * group * 128, k0, kHeadDim),
+                                                   k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(s.q, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(u);
+      wg::fence_operand(qk);
+      {  // W = V - Gamma U over V's panel g (each thread rewrites its own accumulator positions)
+        const float decay[2] = {exp2_approx(row_gate[0]), exp2_approx(row_gate[1])};
+        unsigned char* panel = s.v + group * kPanelBytes;
+        for_panel_pairs<64>(panel, 0, [&](int j, int e, float2 x) {
+          u[4 * j + e] = x.x - decay[e / 2] * u[4 * j + e];
+          u[4 * j + e + 1] = x.y - decay[e / 2] * u[4 * j + e + 1];
+        });
+        __syncwarp();  // every lane's reads before the writes (ldmatrix rows are shared across lanes)
+        store_panel<64>(panel, 0, [&](int j, int e) { return u[4 * j + e]; });
+      }
+      store_panel<32>(s.pg, 4 * group, [&](int j, int e) {
+        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+        return row >= col ? scale * exp2_approx(row_gate[e / 2] - s.gcum[col]) * qk[4 * j + e] : 0.f;
+      });
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage B: Vd, dVd ───────────────────────────────────────────────────────────────────────
+    {
+      Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(vd, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.v + group * kPanelBytes, k0, kChunk),
+                                                    k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kds, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.dst + 64 * group * 128, k0, kHeadDim),
+                                                   k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(pdo, wg::descriptor<Major::kMN>(s.pg, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.d_o + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(vd);
+      wg::fence_operand(kds);
+      wg::fence_operand(pdo);
+      Tiles::store_fragments(s.vd + group * kPanelBytes, 0, [&](int j, int e) { return vd[4 * j + e]; });
+      const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
+      Tiles::store_fragments(s.dvd + group * kPanelBytes, 0,
+                             [&](int j, int e) { return rho[e / 2] * kds[4 * j + e] + pdo[4 * j + e]; });
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
+    float* dgs = s.dgs_part[warp];
+    Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
+    {
+      Acc dw;
+      Acc32 dpg, dag;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dw, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.dvd + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.vd + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::descriptor<Major::kK>(s.dvd, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.v + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      }
+      wg::commit();
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dq, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dk, wg::descriptor<Major::kK>(s.vd, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+      }
+      wg::commit();
+      wg::wait<1>();  // dW, dPg, dAg done; dQ_a, dK_a still running
+      wg::fence_operand(dw);
+      wg::fence_operand(dpg);
+      wg::fence_operand(dag);
+      // dv = dW (valid rows), dU = -Gamma dW
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          const float x0 = dw[4 * j + e], x1 = dw[4 * j + e + 1];
+          if (row < rows)
+            store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
+                           h * bp.dv_strides.head + col,
+                       x0, x1);
+        }
+      store_panel<64>(s.du + group * kPanelBytes, 0,
+                      [&](int j, int e) { return -exp2_approx(row_gate[e / 2]) * dw[4 * j + e]; });
+      // dP, dA_r, E and dbeta's column terms over columns 32 g ..
+      float row_e[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          float dp[2], dar[2], col_e[2], col_beta[2];
+#pragma unroll
+          for (int d = 0; d < 2; ++d) {
+            const int x = 4 * j + e + d;
+            const float gate = row >= col + d ? exp2_approx(row_gate[e / 2] - s.gcum[col + d]) : 0.f;
+            dp[d] = scale * gate * dpg[x];
+            const float t = dag[x] * gate;  // dAg (.) G
+            dar[d] = t * s.beta[col + d];
+            const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
+            row_e[e / 2] += energy;
+            col_e[d] = energy;
+            col_beta[d] = t * a_r[x];
+          }
+          dpg[4 * j + e] = dp[0], dpg[4 * j + e + 1] = dp[1];  // dPg's registers now hold dP
+          dag[4 * j + e] = dar[0], dag[4 * j + e + 1] = dar[1];  // dAg's registers now hold dA_r
+          // column terms: this (j, e) pair's two columns over the warp's 8 rows of half e / 2
+#pragma unroll
+          for (int d = 0; d < 2; ++d) {
+            const float ce = column_sum(col_e[d]), cb = column_sum(col_beta[d]);
+            if (lane < 4) {
+              dgs[col + d] -= ce;
+              s.dbeta_col[warp][col + d] += cb;
+            }
+            __syncwarp();
+          }
+        }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add_row_sum(dgs, acc_row(2 * half), row_e[half]);
+      store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
+      store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
+    }
+    {
+      wg::wait<0>();
+      wg::fence_operand(dq);
+      wg::fence_operand(dk);
+      const float qf[2] = {scale * exp2_approx(row_gate[0]), scale * exp2_approx(row_gate[1])};
+      const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dq[4 * j + e] *= qf[e / 2];
+          dk[4 * j + e] *= rho[e / 2];
+        }
+      __syncwarp();
+      add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);
+      __syncwarp();
+      float ka = add_row_dots(dgs, dk, s.k + group * kPanelBytes, -2.f);  // a = rowsum(K (.) dK_a)
+      ka = warp_sum(ka);
+      if (lane == 0) s.ka_part[warp] = ka;
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
+      Item next = find_item(p, it.index + gridDim.x);
+      next.ordinal = it.ordinal + 1;
+      s.next = next;
+      if (next.valid) issue_early(maps, s, next, p.num_v_heads);
+    }
+
+    // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
+    if (group == 0) {
+      Acc x;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(x, wg::descriptor<Major::kMN>(s.ar, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.dar, k0, kChunk), k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(x);
+      Tiles::store_fragments(s.pg, 0, [&](int j, int e) { return x[4 * j + e]; });
+      wg::fence_shared_to_async();
+    }
+    __syncthreads();
+    {
+      Acc32 y, kk;
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(y, wg::descriptor<Major::kK>(s.pg, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.ar + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(s.k, k0, kChunk),
+                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
+                                                   k0 > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(y);
+      wg::fence_operand(kk);
+      float row_beta[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          const float dl = row > col ? -y[4 * j + e] : 0.f;
+          row_beta[e / 2] += dl * kk[4 * j + e];
+          y[4 * j + e] = s.beta[row] * dl;  // dM = diag(beta) dL, strictly lower
+        }
+      store_panel<32>(s.ag, 4 * group, [&](int j, int e) { return y[4 * j + e]; });
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add_row_sum(s.dbeta_row[warp], acc_row(2 * half), row_beta[half]);
+    }
+    wg::fence_shared_to_async();
+    __syncthreads();
+
+    // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
+    {
+      Acc dk_rest;  // dP^T Q + dM K + dM^T K, in the same round as dq's and dk's first terms
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::descriptor<Major::kK>(s.dp, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                    true);
+#pragma unroll
+      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
+            dk, wg::descriptor<Major::kK>(s.du, k0, kChunk),
+            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), true);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16) {
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
+                                                     k0 > 0);
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                    true);  // dM K
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                     wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+                                                     true);  // dM^T K
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operand(dq);
+      wg::fence_operand(dk);
+      wg::fence_operand(dk_rest);
+      add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
+      __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
+      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
+#pragma unroll
+      for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+        if (row >= rows) continue;
+        const int64_t t = t0 + row;
+        if (bp.direct_qk) {  // h is its own q/k head
+          store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
+                         h * bp.dq_strides.head + col,
+                     dq[4 * j + e], dq[4 * j + e + 1]);
+          store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
+                         h * bp.dk_strides.head + col,
+                     dk[4 * j + e], dk[4 * j + e + 1]);
+        } else {
+          const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
+          *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+        }
+      }
+    const Item next = s.next;
+    if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
+
+    // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (warp 0, two rows a lane).
+    if (warp == 0) {
+      const float dot = warp_sum(dot_part);
+      float ka = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) ka += s.ka_part[w];
+      float dgs_row[2], dbeta_row[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 2 * lane + i;
+        float x = 0.f, y = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+          x += s.dgs_part[w][row];
+          y += s.dbeta_col[w][row] + s.dbeta_row[w][row];
+        }
+        if (row == kChunk - 1) x += exp2_approx(gamma) * dot + ka;
+        dgs_row[i] = x;
+        dbeta_row[i] = y;
+      }
+      float suffix = dgs_row[0] + dgs_row[1];  // lane l: rows 2 l, 2 l + 1
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const float down = __shfl_down_sync(0xffffffffu, suffix, offset);
+        if (lane + offset < 32) suffix += down;
+      }
+      const float dg_row[2] = {suffix, suffix - dgs_row[0]};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 2 * lane + i;
+        if (row < rows) {
+          const int64_t t = t0 + row;
+          bp.dg[b * bp.dg_strides.batch + t * bp.dg_strides.token + h * bp.dg_strides.head] = dg_row[i];
+          const int64_t off = b * bp.dbeta_strides.batch + t * bp.dbeta_strides.token + h * bp.dbeta_strides.head;
+          if (p.beta_is_bf16)
+            static_cast<__nv_bfloat16*>(bp.dbeta)[off] = __float2bfloat16_rn(dbeta_row[i]);
+          else
+            static_cast<float*>(bp.dbeta)[off] = dbeta_row[i];
+        }
+      }
+    }
+  }
+
+  static __device__ __forceinline__ float2 unpack(uint32_t x) {
+    if constexpr (std::is_same_v<Elem, __half>)
+      return __half22float2(*reinterpret_cast<const __half2*>(&x));
+    else
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  }
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(256, 1) backward_grads_kernel(const __grid_constant__ BackwardParams bp,
+                                                                const __grid_constant__ BackwardTileMaps maps) {
+  wait_for_previous_grid();
+  release_next_grid();
+  BackwardGrads<Elem>::run(bp, maps);
+}
+
+}  // namespace flashgdn::kern
