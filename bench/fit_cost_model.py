@@ -15,7 +15,11 @@ step + m_step are observable: they are fitted into state_chunk_us and correction
 extras set to 0. Fitted: fused_chunk_us, fused_item_us, state_chunk_us, state_item_us,
 correction_step_us, gate_scan_chunk_us (the decay-window scan walks a whole segment for a head
 without a window) and launch_us (the correction's per-item constant folds into it). The loss is the squared error of each point relative to its configuration's no-CP time (every
-shape weighs alike), minimised by Nelder-Mead over nonnegative coefficients from the current ones.
+shape weighs alike), minimised by Nelder-Mead over nonnegative coefficients from the current ones;
+--ranking-weight W adds W times the mean squared ranking violation (how far the model puts a cut
+ahead of the configuration's measured best, relative to t(off)): the errors that change the
+planner's choice, which the time error alone can leave (the backward's refit of 26bb088 picked
+L = 128 on (1, 32) 32k where 64 is best; with W = 100 it picks 64, offline on the same scan).
 Because the model's makespans are exact wave counts, the fit sees where a cut spills into a second
 wave. min_segment_chunks, the shortest target length the planner considers, is chosen of 4, 8, 16
 by the planner's choices on the scan: never slower than no CP first, closest to the best cut
@@ -29,6 +33,7 @@ src/plan/cost_model.h; backward: CostModel::backward() in src/plan/cost_model.cp
 name beside them, for a rebuild and a sweep in the same run.
 
     python bench/fit_cost_model.py [--direction fwd|bwd] [--splits CSV] [--predictor PATH] [--write-header]
+                                   [--ranking-weight W]
 
 Without --splits the scan is measured first (a CUDA GPU and the built library needed; its CSV goes
 to bench/results/); with it, the fit runs anywhere the build's cp_plan_predict does. The record is
@@ -84,15 +89,31 @@ def points_of(scan):
             for config, times in sorted(scan.items()) for L, us in sorted(times.items()) if L > 0]
 
 
-def loss(planner, coefficients, points):
+def loss(planner, coefficients, points, ranking_weight=0.0):
+    """Mean squared error of the modelled t(L) - t(off) relative to t(off); with ranking_weight, plus
+    that weight times the mean squared ranking violation: for every cut the measurement puts behind
+    its configuration's best (or behind no CP), how far the model puts it ahead, relative to t(off)
+    (the planner picks the model's fastest cut, so these are the errors that change its choice)."""
     configs = sorted({p[0] for p in points})
     plans = [config + (0,) for config in configs] + [p[0] + (p[1],) for p in points]
     modelled = planner.predict(coefficients, plans)
     off = {config: modelled[i][0] for i, config in enumerate(configs)}
     total = 0.0
-    for (config, _, measured, t_off), (us, _) in zip(points, modelled[len(configs):]):
+    model_gain, measured_gain = {}, {}  # per configuration: cut L -> t(L) - t(off), modelled / measured
+    for (config, L, measured, t_off), (us, _) in zip(points, modelled[len(configs):]):
         total += ((us - off[config] - measured) / t_off) ** 2
-    return total / len(points)
+        model_gain.setdefault(config, {0: 0.0})[L] = (us - off[config]) / t_off
+        measured_gain.setdefault(config, {0: 0.0})[L] = measured / t_off
+    if ranking_weight == 0.0:
+        return total / len(points)
+    violations, pairs = 0.0, 0
+    for config, measured in measured_gain.items():
+        best = min(measured, key=measured.get)
+        for L, gain in measured.items():
+            if L != best:
+                violations += max(0.0, model_gain[config][best] - model_gain[config][L]) ** 2
+                pairs += 1
+    return total / len(points) + ranking_weight * violations / max(pairs, 1)
 
 
 def nelder_mead(f, x0, steps, iterations=600):
@@ -170,7 +191,7 @@ def shortest_segment(scan, planner, coefficients, candidates=(4, 8, 16)):
     return min(candidates, key=score)
 
 
-def fit(scan, planner, start):
+def fit(scan, planner, start, ranking_weight=0.0):
     points = points_of(scan)
     # min_segment_chunks does not enter the forced cuts' times: chosen from the scan afterwards
     fixed = {**{name: 0.0 for name in FIXED_ZERO}, "min_segment_chunks": start["min_segment_chunks"]}
@@ -180,11 +201,11 @@ def fit(scan, planner, start):
 
     x0 = [start[name] for name in FITTED]
     steps = [max(0.3 * abs(v), 1.0) for v in x0]
-    x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x0, steps)
+    objective = lambda x: loss(planner, coefficients_of(x), points, ranking_weight)
+    x, value = nelder_mead(objective, x0, steps)
     for _ in range(2):  # restarts from the optimum: Nelder-Mead can stall on the makespans' kinks
-        x, value = nelder_mead(lambda x: loss(planner, coefficients_of(x), points), x,
-                               [max(0.1 * abs(v), 0.5) for v in x])
-    return coefficients_of(x), math.sqrt(value), math.sqrt(loss(planner, start, points))
+        x, value = nelder_mead(objective, x, [max(0.1 * abs(v), 0.5) for v in x])
+    return coefficients_of(x), math.sqrt(loss(planner, coefficients_of(x), points)), math.sqrt(loss(planner, start, points))
 
 
 def choices(scan, planner, coefficients):
@@ -208,6 +229,8 @@ def main():
     parser.add_argument("--predictor", default=str(ROOT / "build" / "bench" / "cp_plan_predict"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--write-header", action="store_true", help="put the fit into src/plan/")
+    parser.add_argument("--ranking-weight", type=float, default=0.0,
+                        help="weight of the ranking violations in the loss (0: the t(L) - t(off) error alone)")
     args = parser.parse_args()
     if args.splits:
         splits, commit = pathlib.Path(args.splits), re.search(r"_([0-9a-f]{7,})\.csv$", args.splits)
@@ -218,7 +241,7 @@ def main():
     scan = read_scan(splits)
     planner = Planner(args.predictor, args.direction)
     start = current_coefficients(args.direction)
-    coefficients, rms, rms_start = fit(scan, planner, start)
+    coefficients, rms, rms_start = fit(scan, planner, start, args.ranking_weight)
     coefficients["min_segment_chunks"] = shortest_segment(scan, planner, coefficients)
     record = {"direction": args.direction, "commit": commit, "splits": splits.name, "fit": coefficients,
               "rms_relative_error": rms, "rms_relative_error_before": rms_start, "start": start,
