@@ -25,7 +25,8 @@
 #   kernel times after the A/B) or "config;config..." (bench/profile_forward.py configurations instead of the default ones),
 #   FLASHGDN_COMMIT (the commit measured: the device copy has no .git), SKIP_TESTS=1 (no pytest and
 #   examples: for a second call on a warm machine after a tests call), CP_FITS (cp: the cost models
-#   to refit, default "fwd bwd"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
+#   to refit, default "fwd bwd"), FIT_ARGS (cp: extra fit_cost_model.py arguments, e.g.
+#   "--ranking-weight 100"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
 #   full auto/off sweep; "splits" / "bwd": the forward's / backward's split scans again, which the
 #   fits have just timed: their logs give the refit planner's choice against the best cut), TIMELINE=1 (every
 #   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call),
@@ -169,7 +170,7 @@ note "SASS: HMMA $(grep -c HMMA "$OUT/sass.txt"), HGMMA $(grep -c HGMMA "$OUT/sa
 if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with the fitted models
   for direction in ${CP_FITS-fwd bwd}; do
     timeout "${BENCH_TIMEOUT:-420}" python3 bench/fit_cost_model.py --direction "$direction" --write-header \
-      >"$OUT/fit_$direction.log" 2>&1
+      ${FIT_ARGS:-} >"$OUT/fit_$direction.log" 2>&1
     note "cost-model fit ($direction) rc=$?"
     grep -vE "\(1\.000 of best\)" "$OUT/fit_$direction.log" | tail -n 30  # choices off the best cut, coefficients
   done
