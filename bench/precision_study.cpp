@@ -7,6 +7,8 @@
 //   dot+last     the same, the sequence's last chunk's dot exact
 //   states       S and dS rounded as GEMM operands and in the dot
 //   all          states + every bf16 tile of the gradient pass
+//   all+lastVd   all, Vd exact in the sequence's last chunk (a hi + lo split there)
+//   all+last     all+lastVd with the last chunk's dot exact too
 //   all-<tile>   all but one tile (the tile's share: "all" minus this)
 //
 //   build/bench/precision_study [T] [seeds] [heads]      (defaults 4133 4 4; about 3 s per head-run)
@@ -33,7 +35,9 @@ std::vector<Emulation> emulations() {
   std::vector<Emulation> out = {{"dot", {.dot_state = true}},
                                 {"dot+last", {.dot_state = true, .exact_last_dot = true}},
                                 {"states", {.operand_states = true}},
-                                {"all", {.operand_states = true, .tiles = true}}};
+                                {"all", {.operand_states = true, .tiles = true}},
+                                {"all+lastVd", {.operand_states = true, .tiles = true, .exact_last_vd = true}},
+                                {"all+last", {.exact_last_dot = true, .operand_states = true, .tiles = true, .exact_last_vd = true}}};
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});
