@@ -161,14 +161,15 @@ struct BackwardGrads {
 
   // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
   // last sequence's chunks).
-  static __device__ Item find_item(const ForwardParams& p, int64_t index) {
+  static __device__ Item find_item(const ForwardParams& p, int64_t index, bool bp_chunk_major) {
     Item it{};
     for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
       ChunkLocation where;
-      if (!locate_chunk(p, index % p.max_chunks, where)) continue;
+      const int64_t chunk_id = bp_chunk_major ? index / p.num_v_heads : index % p.max_chunks;
+      if (!locate_chunk(p, chunk_id, where)) continue;
       it.index = index;
-      it.chunk_id = index % p.max_chunks;
-      it.h = static_cast<int>(index / p.max_chunks);
+      it.chunk_id = chunk_id;
+      it.h = static_cast<int>(bp_chunk_major ? index % p.num_v_heads : index / p.max_chunks);
       it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
       it.b = where.seq.batch;
       it.t0 = where.first_token;
@@ -253,7 +254,7 @@ struct BackwardGrads {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.late, 1);
       tma::fence_barrier_init();
-      s.next = find_item(p, blockIdx.x);
+      s.next = find_item(p, blockIdx.x, bp.grads_chunk_major);
       if (s.next.valid) {
         issue_early(maps, s, s.next, p.num_v_heads);
         issue_late(p, maps, s, s.next);
@@ -481,7 +482,7 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
-      Item next = find_item(p, it.index + gridDim.x);
+      Item next = find_item(p, it.index + gridDim.x, bp.grads_chunk_major);
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
