@@ -29,8 +29,6 @@
 // [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
 // [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; dq_heads, dk_heads
 // fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
-#include <cstdlib>
-
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -212,7 +210,6 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   // dS^T leaving every chunk (and dh0), then every chunk's gradients
   bp.chunk_grad_states = ws + layout.chunk_grad_states;
   bp.chunk_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
-  bp.grads_chunk_major = std::getenv("FLASHGDN_GRADS_CHUNK_MAJOR") != nullptr;  // A/B only
   if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
                                 : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
                            "backward_ds_pass");

@@ -183,7 +183,6 @@ struct BackwardParams {
   // With chunk_grad_states: <dS, S> of every chunk (dS leaving it in fp32, S entering it from
   // chunk_states), as 8 per-warp partial sums of the dS pass's state groups, [chunk id][hv][8].
   float* chunk_grad_dots = nullptr;
-  bool grads_chunk_major = false;  // A/B only: FLASHGDN_GRADS_CHUNK_MAJOR=1
 };
 
 }  // namespace flashgdn::kern
