@@ -150,9 +150,15 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
-  // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too.
+  // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too. With d_final_state it
+  // also sums <dS_T, S> for each sequence's last chunk with S in fp32 (the dS pass leaves those).
   p.inverse = p.gated_inverse_out;
   p.gated_inverse = true;
+  if (problem.d_final_state.present()) {
+    p.final_grad = static_cast<const float*>(problem.d_final_state.data);
+    for (int i = 0; i < 4; ++i) p.final_grad_strides[i] = problem.d_final_state.strides[i];
+    p.final_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
+  }
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
                                      FusedKernel::kRegisterState, stages);
       !s.ok())
