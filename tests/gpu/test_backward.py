@@ -184,6 +184,17 @@ def test_short_lengths(seed, T):
     check(x, grads, do, dht)
 
 
+@pytest.mark.parametrize("T", [65, 129])
+def test_short_last_chunk_dg(seed, T):
+    """A sequence ending in a 1-row chunk: its last token's dg is dominated by <dht, S> (a random-signed
+    dot of 16k terms), which a bf16 S would round to ~2^-9 / |z| of its size. The pre-pass takes that
+    dot with S in fp32, so dg holds half the general tolerance here."""
+    x = make_inputs(8, T, 1, 2, regime="model")
+    do, dht = upstream(x)
+    grads = run_poisoned(x, do, dht)
+    check(x, grads, do, dht, tol=dict(TOL, dg=1e-2))
+
+
 def test_state_v_first(seed):
     x = make_inputs(2, 200, 2, 4, regime="weak")
     x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()  # [N, Hv, V, K]
