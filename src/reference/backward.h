@@ -35,9 +35,22 @@ HeadOutputs forward_tokens(const HeadInputs& h);
 HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
                           const std::vector<double>& d_sT);
 
+// The SM90 backward's bf16 roundings, emulated by backward_chunked for precision studies
+// (bench/precision_study.cpp); all off by default (the float64 reference):
+//   dot_state       S rounded in dgamma's <dS, S> (chunk_states' S; dS stays exact there),
+//                   except in the sequence's last chunk with exact_last_dot;
+//   operand_states  S and dS rounded wherever they are GEMM operands (U = K S, dQ_a, dU S^T, K dS,
+//                   Vd dS^T) and in the dot;
+//   tiles           the bf16 tiles the gradient pass stores, bit i of tile_mask for kTileNames[i].
+struct KernelRounding {
+  bool dot_state = false, exact_last_dot = false, operand_states = false, tiles = false;
+  unsigned tile_mask = ~0u;
+};
+inline constexpr const char* kTileNames[] = {"Ag", "W", "Pg", "A_r", "Vd", "dVd", "dA_r", "X", "dP", "dU", "dM"};
+
 // Reverse mode through the chunked form (chunk length kChunk, partial last chunk allowed).
 HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
-                           const std::vector<double>& d_sT);
+                           const std::vector<double>& d_sT, const KernelRounding& rounding = {});
 
 // Backward of x̂ = x / sqrt(sum(x^2) + kL2NormEps) for each row: given the raw rows x [rows][dim]
 // and dx̂, returns dx = (dx̂ − x̂ (x̂·dx̂)) / sqrt(sum(x^2) + eps).

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/host_dtype.h"
 #include "reference/backward.h"
 
 namespace flashgdn::reference::bwd {
@@ -171,7 +172,7 @@ Mat next_state(const ChunkFwd& c, const Mat& S, int Kd, int Vd) {
 }  // namespace
 
 HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
-                           const std::vector<double>& d_sT) {
+                           const std::vector<double>& d_sT, const KernelRounding& rounding) {
   const int Kd = h.K, Vd = h.V;
   const int64_t T = h.T;
   const size_t kv = static_cast<size_t>(Kd) * Vd;
@@ -199,18 +200,37 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
   for (int64_t ci = num_chunks - 1; ci >= 0; --ci) {
     const int64_t t0 = ci * kChunk;
     const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    const Mat& S0 = entering[static_cast<size_t>(ci)];
+    // The kernels' bf16 roundings (KernelRounding; identities by default): S0 and dSo are S and dS
+    // as GEMM operands, S_dot the S of <dS, S>, tile(i, m) the gradient pass's tile kTileNames[i].
+    auto to_bf16 = [](double x) {
+      return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x))));
+    };
+    auto round_all = [&](Mat m) {
+      for (double& x : m) x = to_bf16(x);
+      return m;
+    };
+    auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
+    auto tile = [&](int i, const Mat& m) { return tiled(i) ? round_all(m) : m; };
+    const Mat& S_exact = entering[static_cast<size_t>(ci)];
+    const Mat S0 = rounding.operand_states ? round_all(S_exact) : S_exact;
+    const Mat dSo = rounding.operand_states ? round_all(dS) : dS;
+    const bool dot_rounded = (rounding.operand_states || rounding.dot_state) &&
+                             !(rounding.exact_last_dot && ci == num_chunks - 1);
+    const Mat S_dot = dot_rounded ? round_all(S_exact) : S_exact;
     const ChunkFwd c = recompute(h, &d_o, t0, n, S0);
+    const Mat Ag_t = tile(0, c.Ag), W_t = tile(1, c.W), Pg_t = tile(2, c.Pg), Ar_t = tile(3, c.Ar);
+    const Mat Vd_t = rounding.tiles ? tile(4, mm(Ag_t, W_t, n, n, Vd)) : c.Vd;
 
     // dVd = diag(ρ) K dS + Pgᵀ dO
-    Mat KdS = mm(c.K, dS, n, Kd, Vd);  // [n,V]
-    Mat dVd = mm_tn(c.Pg, c.dO, n, n, Vd);
+    Mat KdS = mm(c.K, dSo, n, Kd, Vd);  // [n,V]
+    Mat dVd = mm_tn(Pg_t, c.dO, n, n, Vd);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < Vd; ++j) dVd[i * Vd + j] += c.rho[i] * KdS[i * Vd + j];
+    dVd = tile(5, dVd);
     // dPg = dO Vdᵀ, dW = Agᵀ dVd, dAg = dVd Wᵀ, dU = −Γ dW
-    Mat dPg = mm_nt(c.dO, c.Vd, n, Vd, n);
-    Mat dW = mm_tn(c.Ag, dVd, n, n, Vd);
-    Mat dAg = mm_nt(dVd, c.W, n, Vd, n);
+    Mat dPg = mm_nt(c.dO, Vd_t, n, Vd, n);
+    Mat dW = mm_tn(Ag_t, dVd, n, n, Vd);
+    Mat dAg = mm_nt(dVd, W_t, n, Vd, n);
     Mat dU = dW;
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < Vd; ++j) dU[i * Vd + j] *= -c.e[i];
@@ -222,7 +242,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     Mat dQa = mm_nt(c.dO, S0, n, Vd, Kd);
     for (int i = 0; i < n; ++i)
       for (int k = 0; k < Kd; ++k) dQa[i * Kd + k] *= s * c.e[i];
-    Mat dKa = mm_nt(c.Vd, dS, n, Vd, Kd);
+    Mat dKa = mm_nt(Vd_t, dSo, n, Vd, Kd);
     for (int i = 0; i < n; ++i)
       for (int k = 0; k < Kd; ++k) dKa[i * Kd + k] *= c.rho[i];
     // dA_r = dAg ⊙ G ⊙ 1βᵀ;  dβ (first term) = column sums of dAg ⊙ G ⊙ A_r
@@ -235,8 +255,8 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
         dbeta[j] += t * c.Ar[i * n + j];
       }
     // dL = −StrictLower(A_rᵀ dA_r A_rᵀ)
-    Mat X = mm_tn(c.Ar, dAr, n, n, n);   // A_rᵀ dA_r
-    Mat Y = mm_nt(X, c.Ar, n, n, n);     // (A_rᵀ dA_r) A_rᵀ
+    Mat X = tile(7, mm_tn(Ar_t, tile(6, dAr), n, n, n));  // A_rᵀ dA_r
+    Mat Y = mm_nt(X, Ar_t, n, n, n);                       // (A_rᵀ dA_r) A_rᵀ
     Mat dL(static_cast<size_t>(n) * n, 0.0);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < i; ++j) dL[i * n + j] = -Y[i * n + j];
@@ -245,17 +265,18 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < i; ++j) {
         dbeta[i] += dL[i * n + j] * c.KK[i * n + j];
-        const double dm = c.beta[i] * dL[i * n + j];
+        const double dm = tiled(10) ? to_bf16(c.beta[i] * dL[i * n + j]) : c.beta[i] * dL[i * n + j];
         dMsym[i * n + j] += dm;
         dMsym[j * n + i] += dm;
       }
     // dq = dQ_a + dP K
-    Mat dq = mm(dP, c.K, n, n, Kd);
+    const Mat dP_t = tile(8, dP);
+    Mat dq = mm(dP_t, c.K, n, n, Kd);
     for (size_t i = 0; i < dq.size(); ++i) dq[i] += dQa[i];
     // dk = dK_a + dU Sᵀ + dPᵀ Q + (dM + dMᵀ) K
-    Mat dk = mm_nt(dU, S0, n, Vd, Kd);
+    Mat dk = mm_nt(tile(9, dU), S0, n, Vd, Kd);
     {
-      Mat a = mm_tn(dP, c.Q, n, n, Kd);
+      Mat a = mm_tn(dP_t, c.Q, n, n, Kd);
       Mat b = mm(dMsym, c.K, n, n, Kd);
       for (size_t i = 0; i < dk.size(); ++i) dk[i] += dKa[i] + a[i] + b[i];
     }
@@ -281,7 +302,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const double eg = std::exp(c.gamma);
     {
       double dot = 0.0;
-      for (size_t i = 0; i < kv; ++i) dot += dS[i] * S0[i];
+      for (size_t i = 0; i < kv; ++i) dot += dS[i] * S_dot[i];
       dgamma += eg * dot;
     }
     dgs[n - 1] += dgamma;

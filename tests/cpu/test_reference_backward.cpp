@@ -15,6 +15,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/host_dtype.h"
@@ -771,6 +772,37 @@ TEST(ReferenceBackward, ShardGradIsTheAffineMapInReverse) {
 }
 
 // Reference forward (another implementation) and the backward's own forward agree.
+// The kernels' bf16 roundings emulated by backward_chunked (bench/precision_study.cpp): off by
+// default (bit-identical), each switch moves the gradients by bf16-level amounts, and the exact
+// last-chunk dot undoes the dot's rounding where the sequence is one chunk.
+TEST(ReferenceBackward, KernelRoundingEmulation) {
+  Rng rng(announce_seed("ReferenceBackward.KernelRoundingEmulation"));
+  for (const int64_t T : {40, 130}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    const HeadCase c = make_head_case(rng, T, 16, 16, GateRegime::kWeak, true, true);
+    const bwd::HeadGrads exact = bwd::backward_chunked(c.h, c.d_o, c.d_sT);
+    const bwd::HeadGrads off = bwd::backward_chunked(c.h, c.d_o, c.d_sT, bwd::KernelRounding{});
+    EXPECT_EQ(off.dg, exact.dg);
+    EXPECT_EQ(off.dk, exact.dk);
+    const bwd::HeadGrads dot = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.dot_state = true});
+    EXPECT_GT(rel_l2(dot.dg, exact.dg), 0.0);
+    EXPECT_LT(rel_l2(dot.dg, exact.dg), 1e-2);
+    EXPECT_EQ(dot.dk, exact.dk);  // the dot feeds dg only
+    const bwd::HeadGrads last = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.dot_state = true, .exact_last_dot = true});
+    if (T <= reference::kChunk) {
+      EXPECT_EQ(last.dg, exact.dg);
+    } else {
+      EXPECT_GT(rel_l2(last.dg, exact.dg), 0.0);
+    }
+    const bwd::HeadGrads all = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.operand_states = true, .tiles = true});
+    for (const auto& [name, got, want] : {std::tuple{"dq", &all.dq, &exact.dq}, std::tuple{"dk", &all.dk, &exact.dk},
+                                          std::tuple{"dv", &all.dv, &exact.dv}, std::tuple{"dg", &all.dg, &exact.dg}}) {
+      EXPECT_GT(rel_l2(*got, *want), 1e-6) << name;
+      EXPECT_LT(rel_l2(*got, *want), 5e-2) << name;
+    }
+  }
+}
+
 TEST(ReferenceBackward, OwnForwardMatchesPublicForward) {
   Rng rng(announce_seed("ReferenceBackward.OwnForwardMatchesPublicForward"));
   ApiConfig c;

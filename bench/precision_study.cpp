@@ -1,0 +1,111 @@
+// Where the SM90 backward's dg error comes from: the float64 chunked backward (reference) against
+// itself with the kernels' bf16 roundings emulated (reference::bwd::KernelRounding), on the tests'
+// "model" gates (g = -A softplus(a + dt_bias), A ~ U(1e-3, 16) per head), normalised random q, k,
+// random v, beta = sigmoid(randn), d_o and dht ~ N(0, 1), no initial state. Per seed, the relative
+// L2 error of dg over the heads, and the largest error's token, for each emulation:
+//   dot          S rounded in <dS, S> only
+//   dot+last     the same, the sequence's last chunk's dot exact
+//   states       S and dS rounded as GEMM operands and in the dot
+//   all          states + every bf16 tile of the gradient pass
+//   all-<tile>   all but one tile (the tile's share: "all" minus this)
+//
+//   build/bench/precision_study [T] [seeds] [heads]      (defaults 4133 4 4; about 3 s per head-run)
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference/backward.h"
+
+using flashgdn::reference::HeadInputs;
+namespace bwd = flashgdn::reference::bwd;
+
+namespace {
+
+struct Emulation {
+  std::string name;
+  bwd::KernelRounding rounding;
+};
+
+std::vector<Emulation> emulations() {
+  std::vector<Emulation> out = {{"dot", {.dot_state = true}},
+                                {"dot+last", {.dot_state = true, .exact_last_dot = true}},
+                                {"states", {.operand_states = true}},
+                                {"all", {.operand_states = true, .tiles = true}}};
+  for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
+    out.push_back({std::string("all-") + bwd::kTileNames[i],
+                   {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});
+  return out;
+}
+
+HeadInputs model_head(std::mt19937_64& rng, int64_t T) {
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> a_range(1e-3, 16.0);
+  HeadInputs in;
+  in.T = T;
+  in.K = in.V = 128;
+  in.scale = 1.0 / std::sqrt(128.0);
+  in.q.resize(T * 128);
+  in.k.resize(T * 128);
+  in.v.resize(T * 128);
+  in.g.resize(T);
+  in.beta.resize(T);
+  for (auto* rows : {&in.q, &in.k})
+    for (int64_t t = 0; t < T; ++t) {
+      double norm2 = 0.0;
+      for (int i = 0; i < 128; ++i) norm2 += std::pow((*rows)[t * 128 + i] = normal(rng), 2);
+      for (int i = 0; i < 128; ++i) (*rows)[t * 128 + i] /= std::sqrt(norm2);
+    }
+  for (double& x : in.v) x = normal(rng);
+  const double A = a_range(rng), dt_bias = normal(rng);
+  for (int64_t t = 0; t < T; ++t) {
+    const double a = normal(rng) + dt_bias;
+    in.g[t] = -A * (a > 20.0 ? a : std::log1p(std::exp(a)));
+    in.beta[t] = 1.0 / (1.0 + std::exp(-normal(rng)));
+  }
+  return in;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t T = argc > 1 ? std::atoll(argv[1]) : 4133;
+  const int seeds = argc > 2 ? std::atoi(argv[2]) : 4, heads = argc > 3 ? std::atoi(argv[3]) : 4;
+  const std::vector<Emulation> runs = emulations();
+  std::vector<double> worst(runs.size(), 0.0);
+  for (int seed = 0; seed < seeds; ++seed) {
+    std::mt19937_64 rng(static_cast<uint64_t>(seed));
+    std::normal_distribution<double> normal;
+    std::vector<double> squared(runs.size(), 0.0), largest(runs.size(), 0.0);
+    std::vector<int64_t> at(runs.size(), 0);
+    double norm2 = 0.0;
+    for (int h = 0; h < heads; ++h) {
+      const HeadInputs in = model_head(rng, T);
+      std::vector<double> d_o(T * 128), dht(128 * 128);
+      for (double& x : d_o) x = normal(rng);
+      for (double& x : dht) x = normal(rng);
+      const bwd::HeadGrads exact = bwd::backward_chunked(in, d_o, dht);
+      for (double x : exact.dg) norm2 += x * x;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const bwd::HeadGrads got = bwd::backward_chunked(in, d_o, dht, runs[r].rounding);
+        for (int64_t t = 0; t < T; ++t) {
+          const double e = std::fabs(got.dg[t] - exact.dg[t]);
+          squared[r] += e * e;
+          if (e > largest[r]) largest[r] = e, at[r] = t;
+        }
+      }
+    }
+    std::printf("seed %d:", seed);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const double rel = std::sqrt(squared[r] / norm2);
+      worst[r] = std::max(worst[r], rel);
+      std::printf(" %s %.2e (t %lld)", runs[r].name.c_str(), rel, static_cast<long long>(at[r]));
+    }
+    std::printf("\n");
+  }
+  std::printf("worst dg rel L2 over %d seeds, T %lld, %d heads:", seeds, static_cast<long long>(T), heads);
+  for (size_t r = 0; r < runs.size(); ++r) std::printf(" %s %.2e", runs[r].name.c_str(), worst[r]);
+  std::printf("\n");
+}
