@@ -219,7 +219,9 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const Mat S_dot = dot_rounded ? round_all(S_exact) : S_exact;
     const ChunkFwd c = recompute(h, &d_o, t0, n, S0);
     const Mat Ag_t = tile(0, c.Ag), W_t = tile(1, c.W), Pg_t = tile(2, c.Pg), Ar_t = tile(3, c.Ar);
-    const Mat Vd_t = rounding.tiles ? tile(4, mm(Ag_t, W_t, n, n, Vd)) : c.Vd;
+    const Mat Vd_t = rounding.tiles && !(rounding.exact_last_vd && ci == num_chunks - 1)
+                         ? tile(4, mm(Ag_t, W_t, n, n, Vd))
+                         : c.Vd;
 
     // dVd = diag(ρ) K dS + Pgᵀ dO
     Mat KdS = mm(c.K, dSo, n, Kd, Vd);  // [n,V]

@@ -766,7 +766,9 @@ TEST(ReferenceBackward, ShardGradIsTheAffineMapInReverse) {
           for (int64_t l = 0; l < c.K; ++l) x += maps.get({N + n, h, l, i}) * a.dht.get({n, h, l, j});
           affine.push_back(x);
           dh0.push_back(a.dh0.get({n, h, i, j}));
-          if (n == 1) ASSERT_EQ(grad.get({n, h, i, j}), 0.0);  // the empty sequence
+          if (n == 1) {
+            ASSERT_EQ(grad.get({n, h, i, j}), 0.0);  // the empty sequence
+          }
         }
   EXPECT_LE(rel_l2(affine, dh0), 1e-6);  // D and M are stored in fp32
 }
