@@ -8,6 +8,7 @@
 //   dot+last     the same, the sequence's last chunk's dot exact
 //   states       S and dS rounded as GEMM operands and in the dot
 //   all          states + every bf16 tile of the gradient pass
+//   all+lastdot  all, the last chunk's dot exact (S in fp32 there: branch bwd-final-dot)
 //   all+lastVd   all, Vd exact in the sequence's last chunk (a hi + lo split there)
 //   all+last     all+lastVd with the last chunk's dot exact too
 //   all-<tile>   all but one tile (the tile's share: "all" minus this)
@@ -37,6 +38,7 @@ std::vector<Emulation> emulations() {
                                 {"dot+last", {.dot_state = true, .exact_last_dot = true}},
                                 {"states", {.operand_states = true}},
                                 {"all", {.operand_states = true, .tiles = true}},
+                                {"all+lastdot", {.exact_last_dot = true, .operand_states = true, .tiles = true}},
                                 {"all+lastVd", {.operand_states = true, .tiles = true, .exact_last_vd = true}},
                                 {"all+last", {.exact_last_dot = true, .operand_states = true, .tiles = true, .exact_last_vd = true}}};
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)

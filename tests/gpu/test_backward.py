@@ -190,7 +190,7 @@ def test_short_last_chunk_dg(seed, T):
     of 16k terms, which a bf16 S would round to ~2^-9 / |z| of its size. The pre-pass takes that dot
     with S in fp32. The float64 emulation of the kernels' roundings (bench/precision_study, 16 heads,
     12 seeds) puts the last chunk's dg error at 5.3e-3 / 8.6e-3 (T = 65 / 129) with a bf16 S there
-    and 2.7e-4 / 5.8e-4 with the fp32 dot and an exact Vd; so the last chunk's dg within 3e-3."""
+    and 2.7e-4 / 5.8e-4 with the fp32 dot (all+lastdot); so the last chunk's dg within 3e-3."""
     x = make_inputs(8, T, 1, 2, regime="model")
     do, dht = upstream(x)
     grads = run_poisoned(x, do, dht)
