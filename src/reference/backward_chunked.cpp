@@ -196,39 +196,53 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     S = next_state(recompute(h, nullptr, t0, n, S), S, Kd, Vd);
   }
 
+  auto to_bf16 = [](double x) {
+    return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x))));
+  };
+  auto round_in_place = [&](bool on, Mat& m) {
+    if (on)
+      for (double& x : m) x = to_bf16(x);
+  };
+  auto rounded = [&](bool on, const Mat& m, Mat& storage) -> const Mat& {  // m, or its rounding in storage
+    if (!on) return m;
+    storage = m;
+    round_in_place(true, storage);
+    return storage;
+  };
+  auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
+
   Mat dS = d_sT.size() == kv ? d_sT : Mat(kv, 0.0);
   for (int64_t ci = num_chunks - 1; ci >= 0; --ci) {
     const int64_t t0 = ci * kChunk;
     const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    // The kernels' bf16 roundings (KernelRounding; identities by default): S0 and dSo are S and dS
-    // as GEMM operands, S_dot the S of <dS, S>, tile(i, m) the gradient pass's tile kTileNames[i].
-    auto to_bf16 = [](double x) {
-      return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x))));
-    };
-    auto round_all = [&](Mat m) {
-      for (double& x : m) x = to_bf16(x);
-      return m;
-    };
-    auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
-    auto tile = [&](int i, const Mat& m) { return tiled(i) ? round_all(m) : m; };
+    // The kernels' bf16 roundings (KernelRounding; none by default): S0 and dSo are S and dS as
+    // GEMM operands, S_dot the S of <dS, S>, *_t the gradient pass's tiles (kTileNames); a rounded
+    // copy is made only where one is asked for.
+    Mat S_r, dS_r, Ag_r, W_r, Pg_r, Ar_r, Vd_r;
     const Mat& S_exact = entering[static_cast<size_t>(ci)];
-    const Mat S0 = rounding.operand_states ? round_all(S_exact) : S_exact;
-    const Mat dSo = rounding.operand_states ? round_all(dS) : dS;
-    const bool dot_rounded = (rounding.operand_states || rounding.dot_state) &&
-                             !(rounding.exact_last_dot && ci == num_chunks - 1);
-    const Mat S_dot = dot_rounded ? round_all(S_exact) : S_exact;
+    const bool last = ci == num_chunks - 1;
+    const bool dot_rounded = (rounding.operand_states || rounding.dot_state) && !(rounding.exact_last_dot && last);
+    const Mat& S_bf16 = rounded(rounding.operand_states || dot_rounded, S_exact, S_r);
+    const Mat& S0 = rounding.operand_states ? S_bf16 : S_exact;
+    const Mat& S_dot = dot_rounded ? S_bf16 : S_exact;
+    const Mat& dSo = rounded(rounding.operand_states, dS, dS_r);
     const ChunkFwd c = recompute(h, &d_o, t0, n, S0);
-    const Mat Ag_t = tile(0, c.Ag), W_t = tile(1, c.W), Pg_t = tile(2, c.Pg), Ar_t = tile(3, c.Ar);
-    const Mat Vd_t = rounding.tiles && !(rounding.exact_last_vd && ci == num_chunks - 1)
-                         ? tile(4, mm(Ag_t, W_t, n, n, Vd))
-                         : c.Vd;
+    const Mat& Ag_t = rounded(tiled(0), c.Ag, Ag_r);
+    const Mat& W_t = rounded(tiled(1), c.W, W_r);
+    const Mat& Pg_t = rounded(tiled(2), c.Pg, Pg_r);
+    const Mat& Ar_t = rounded(tiled(3), c.Ar, Ar_r);
+    if (rounding.tiles && !(rounding.exact_last_vd && last)) {  // Vd from the rounded Ag and W
+      Vd_r = mm(Ag_t, W_t, n, n, Vd);
+      round_in_place(tiled(4), Vd_r);
+    }
+    const Mat& Vd_t = Vd_r.empty() ? c.Vd : Vd_r;
 
     // dVd = diag(ρ) K dS + Pgᵀ dO
     Mat KdS = mm(c.K, dSo, n, Kd, Vd);  // [n,V]
     Mat dVd = mm_tn(Pg_t, c.dO, n, n, Vd);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < Vd; ++j) dVd[i * Vd + j] += c.rho[i] * KdS[i * Vd + j];
-    dVd = tile(5, dVd);
+    round_in_place(tiled(5), dVd);
     // dPg = dO Vdᵀ, dW = Agᵀ dVd, dAg = dVd Wᵀ, dU = −Γ dW
     Mat dPg = mm_nt(c.dO, Vd_t, n, Vd, n);
     Mat dW = mm_tn(Ag_t, dVd, n, n, Vd);
@@ -257,7 +271,9 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
         dbeta[j] += t * c.Ar[i * n + j];
       }
     // dL = −StrictLower(A_rᵀ dA_r A_rᵀ)
-    Mat X = tile(7, mm_tn(Ar_t, tile(6, dAr), n, n, n));  // A_rᵀ dA_r
+    Mat dAr_r;
+    Mat X = mm_tn(Ar_t, rounded(tiled(6), dAr, dAr_r), n, n, n);  // A_rᵀ dA_r
+    round_in_place(tiled(7), X);
     Mat Y = mm_nt(X, Ar_t, n, n, n);                       // (A_rᵀ dA_r) A_rᵀ
     Mat dL(static_cast<size_t>(n) * n, 0.0);
     for (int i = 0; i < n; ++i)
@@ -272,11 +288,13 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
         dMsym[j * n + i] += dm;
       }
     // dq = dQ_a + dP K
-    const Mat dP_t = tile(8, dP);
+    Mat dP_r;
+    const Mat& dP_t = rounded(tiled(8), dP, dP_r);
     Mat dq = mm(dP_t, c.K, n, n, Kd);
     for (size_t i = 0; i < dq.size(); ++i) dq[i] += dQa[i];
     // dk = dK_a + dU Sᵀ + dPᵀ Q + (dM + dMᵀ) K
-    Mat dk = mm_nt(tile(9, dU), S0, n, Vd, Kd);
+    Mat dU_r;
+    Mat dk = mm_nt(rounded(tiled(9), dU, dU_r), S0, n, Vd, Kd);
     {
       Mat a = mm_tn(dP_t, c.Q, n, n, Kd);
       Mat b = mm(dMsym, c.K, n, n, Kd);

@@ -227,8 +227,8 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
                            "backward_ds_pass");
       !s.ok())
     return s;
-  if (auto s = cuda_status(bf16 ? kern::launch_backward_grads<kern::ElemKind::kBF16>(bp, stream)
-                                : kern::launch_backward_grads<kern::ElemKind::kF16>(bp, stream),
+  if (auto s = cuda_status(bf16 ? kern::launch_backward_grads<kern::ElemKind::kBF16>(bp, num_sms(), stream)
+                                : kern::launch_backward_grads<kern::ElemKind::kF16>(bp, num_sms(), stream),
                            "backward_grads");
       !s.ok())
     return s;

@@ -26,6 +26,12 @@ int64_t chunk_bound(const Inputs& in) {
   return T / 64 + in.varlen.num_seqs;
 }
 
+int32_t num_sms() {
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
 Status check_device() {
   int device = 0, major = 0, minor = 0;
   if (auto s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;

@@ -27,6 +27,9 @@ bool may_have_padding(const Inputs& in);
 // kNotBuilt unless the current device is sm_90.
 Status check_device();
 
+// The current device's SM count (132, the H200's, when it cannot be queried).
+int32_t num_sms();
+
 // kWorkspaceTooSmall / kInvalidArgument for a workspace that cannot hold `needed` bytes.
 Status check_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 

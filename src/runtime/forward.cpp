@@ -40,12 +40,6 @@ std::optional<std::vector<int64_t>> host_lengths(const Inputs& in) {
   return lengths;
 }
 
-int32_t num_sms() {
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms;
-}
-
 // Chunks of the longest sequence (of the padded length without host lengths).
 int64_t longest_chunks(const Inputs& in, const std::optional<std::vector<int64_t>>& lengths) {
   if (!lengths) return plan::num_chunks_of(in.shape.seqlen);

@@ -308,16 +308,8 @@ struct BackwardGrads {
     {
       Acc u;
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(u, wg::descriptor<Major::kK>(s.k, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.st + 64 * group * 128, k0, kHeadDim),
-                                                   k0 > 0);
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(s.q, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
-                                                   k0 > 0);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
+      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -344,21 +336,11 @@ struct BackwardGrads {
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(vd, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
-                                                    wg::descriptor<Major::kMN>(s.v + group * kPanelBytes, k0, kChunk),
-                                                    k0 > 0);
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kds, wg::descriptor<Major::kK>(s.k, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.dst + 64 * group * 128, k0, kHeadDim),
-                                                   k0 > 0);
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(pdo, wg::descriptor<Major::kMN>(s.pg, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.d_o + group * kPanelBytes, k0, kChunk),
-                                                     k0 > 0);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(vd, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(kds, s.k, kChunk,
+                                                             s.dst + 64 * group * 128, kHeadDim, false);
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(pdo, s.pg, kChunk,
+                                                             s.d_o + group * kPanelBytes, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(vd);
@@ -379,11 +361,8 @@ struct BackwardGrads {
       Acc dw;
       Acc32 dpg, dag;
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dw, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.dvd + group * kPanelBytes, k0, kChunk),
-                                                     k0 > 0);
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(dw, s.ag, kChunk,
+                                                             s.dvd + group * kPanelBytes, kChunk, false);
 #pragma unroll
       for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
         wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
@@ -493,10 +472,7 @@ struct BackwardGrads {
     if (group == 0) {
       Acc x;
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(x, wg::descriptor<Major::kMN>(s.ar, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.dar, k0, kChunk), k0 > 0);
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(x);
@@ -507,16 +483,8 @@ struct BackwardGrads {
     {
       Acc32 y, kk;
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(y, wg::descriptor<Major::kK>(s.pg, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.ar + 32 * group * 128, k0, kChunk),
-                                                   k0 > 0);
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(s.k, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.k + 32 * group * 128, k0, kChunk),
-                                                   k0 > 0);
+      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kChunk>(y, s.pg, kChunk, s.ar + 32 * group * 128, kChunk, false);
+      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(y);
@@ -542,16 +510,9 @@ struct BackwardGrads {
     {
       Acc dk_rest;  // dP^T Q + dM K + dM^T K, in the same round as dq's and dk's first terms
       wg::fence();
-#pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::descriptor<Major::kK>(s.dp, k0, kChunk),
-                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                    true);
-#pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dk, wg::descriptor<Major::kK>(s.du, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), true);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk,
+                                                              s.st + group * kStatePanelBytes, kHeadDim, true);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16) {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),

@@ -42,7 +42,7 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
 // chunk_grad_states and chunk_grad_dots (the dS pass's main mode), the fp32 inverse, its gated copy
 // and the gate records.
 template <ElemKind E>
-cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) {
+cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStream_t stream) {
   if (p.fwd.max_chunks == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
   if (p.chunk_grad_states == nullptr || p.chunk_grad_dots == nullptr || p.fwd.chunk_states == nullptr ||
       p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
@@ -58,11 +58,8 @@ cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream) 
   auto* kernel = backward_grads_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  int device = 0, sms = 0;
-  if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
   const int64_t items = p.fwd.max_chunks * p.fwd.num_v_heads;  // persistent: one CTA per SM at most
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, sms))), Kernel::kThreads, smem,
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, num_sms))), Kernel::kThreads, smem,
                        stream, p, maps);
 }
 

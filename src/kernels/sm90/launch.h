@@ -80,7 +80,7 @@ template <ElemKind E>
 cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream);
 // The gradient pass (backward_grads.cuh) over every (chunk, v-head), after the main mode.
 template <ElemKind E>
-cudaError_t launch_backward_grads(const BackwardParams& p, cudaStream_t stream);
+cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStream_t stream);
 
 // dq, dk from the per-v-head fp32 gradients: group sum, L2-norm backward, cast, varlen padding.
 template <ElemKind E>

@@ -135,6 +135,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
   }
 }
 
+// d (+)= A @ B over a k extent of kK (a multiple of 16) in wgmma k-steps: A and B are the operand
+// tiles (descriptor() with a_rows, b_rows), the first step overwrites d unless `accumulate`.
+template <typename Elem, int N, Major kMajorA, Major kMajorB, int kK>
+__device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a_rows, const void* b, int b_rows,
+                                         bool accumulate) {
+  static_assert(kK % 16 == 0, "whole k-steps");
+#pragma unroll
+  for (int k0 = 0; k0 < kK; k0 += 16)
+    mma_ss<Elem, N, kMajorA, kMajorB>(d, descriptor<kMajorA>(a, k0, a_rows), descriptor<kMajorB>(b, k0, b_rows),
+                                      accumulate || k0 > 0);
+}
+
 // One RS wgmma (A from registers): A, DESC, PRED, TRANS the operand numbers after the accumulators.
 #define FLASHGDN_WG_RS(SHAPE_TYPES, LIST, OPERANDS, A, DESC, PRED, TRANS)                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                           \

@@ -3,5 +3,5 @@
 
 namespace flashgdn::kern {
 template cudaError_t launch_backward_ds_pass<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
-template cudaError_t launch_backward_grads<ElemKind::kF16>(const BackwardParams&, cudaStream_t);
+template cudaError_t launch_backward_grads<ElemKind::kF16>(const BackwardParams&, int, cudaStream_t);
 }  // namespace flashgdn::kern
