@@ -46,6 +46,7 @@ struct BackwardLayout {
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
+  std::size_t chunk_window_terms = 0;    // fp32 [chunk bound, Hv]: the chunk inverse's window terms
   std::size_t segment_grad_starts = 0, segment_grad_ends = 0;  // fp32 [segments, Hv, 128, 128]
   std::size_t bytes = 0;
 };
@@ -88,6 +89,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
     const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
     layout.grad_window_chunks = offset;
     offset = align_up(offset + segment_heads * sizeof(int32_t));
+    layout.chunk_window_terms = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * sizeof(float));
     for (std::size_t* region : {&layout.segment_grad_starts, &layout.segment_grad_ends}) {
       *region = offset;
       offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
@@ -129,6 +132,9 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;
   const ShardPhase phase = problem.shard_phase;
+  // With CP the chunk inverse also sums each chunk's decay-window terms: both cp_windows (the
+  // backward's leading windows, the pre-pass's trailing ones) scan those sums, not every token's K.
+  if (layout.cp.enabled) p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
   if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
     if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
   }
@@ -150,9 +156,15 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
-  // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too.
+  // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too. With d_final_state it
+  // also sums <dS_T, S> for each sequence's last chunk with S in fp32 (the dS pass leaves those).
   p.inverse = p.gated_inverse_out;
   p.gated_inverse = true;
+  if (problem.d_final_state.present()) {
+    p.final_grad = static_cast<const float*>(problem.d_final_state.data);
+    for (int i = 0; i < 4; ++i) p.final_grad_strides[i] = problem.d_final_state.strides[i];
+    p.final_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
+  }
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
                                      FusedKernel::kRegisterState, stages);
       !s.ok())

@@ -8,8 +8,9 @@
 //     gradient pass (backward_grads.cuh): dS^T leaving every chunk into bp.chunk_grad_states (v4's
 //     staging: stmatrix into the group's free o staging at the chunk's top, 16-byte copies under
 //     its first wgmmas), <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the
-//     chunk from chunk_states: a bf16 dS^T would double the rounding in dgamma), dh0 from the
-//     first chunk of a sequence.
+//     chunk from chunk_states: a bf16 dS^T would double the rounding in dgamma; a sequence's last
+//     chunk's comes from the pre-pass with S in fp32 when there is a dS_T, fwd.final_grad_dots),
+//     dh0 from the first chunk of a sequence.
 //
 // Math (the per-chunk dS terms of src/reference/backward_chunked.cpp, transposed; s = scale,
 // Gamma = diag(e^g), rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
@@ -55,6 +56,7 @@ struct BackwardItem {
   int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
   StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
   StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
+  bool sequence_end = false;   // main mode: the tokens end their sequence (or shard), ds_end is dS_T
 };
 
 __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
@@ -69,6 +71,7 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
     item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
     item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
     item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
+    item.sequence_end = true;
     return item;
   }
   const SegmentLocation at = locate_segment(p, x);
@@ -87,6 +90,7 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
                             : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
     if (at.index == 0)
       item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
+    item.sequence_end = at.last();
   }
   item.valid = true;
   item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;
@@ -204,9 +208,13 @@ struct BackwardDsPass {
     const bool save_states = bp.chunk_grad_states != nullptr;
 
     const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
+    // The last chunk's <dS_T, S> comes from the pre-pass (S in fp32) where it had dS_T.
+    const bool last_dot_done = item.sequence_end && p.final_grad_dots != nullptr;
     uint32_t state_pairs[32];  // S^T entering the chunk, a chunk ahead (HBM latency off the chain)
-    if (save_states && num_chunks > 0)
-      load_state_pairs(Rs::group_rows(p.chunk_states, last_chunk_id, p.num_v_heads, h, group), state_pairs);
+    if (save_states && num_chunks > (last_dot_done ? 1 : 0))
+      load_state_pairs(Rs::group_rows(p.chunk_states, last_chunk_id - (last_dot_done ? 1 : 0), p.num_v_heads, h,
+                                      group),
+                       state_pairs);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int64_t chunk_id = last_chunk_id - c;
@@ -233,11 +241,13 @@ struct BackwardDsPass {
       wg::commit();
       if (save_states) {
         Rs::copy_staged_state(Rs::group_rows(bp.chunk_grad_states, chunk_id, p.num_v_heads, h, group), s.o[group]);
-        const float dot = warp_sum(dot_with_pairs(state_pairs, dt));
-        if (threadIdx.x % 32 == 0)
-          bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + threadIdx.x / 32 - 4] = dot;
-        if (c + 1 < num_chunks)
-          load_state_pairs(Rs::group_rows(p.chunk_states, chunk_id - 1, p.num_v_heads, h, group), state_pairs);
+        if (c > 0 || !last_dot_done) {
+          const float dot = warp_sum(dot_with_pairs(state_pairs, dt));
+          if (threadIdx.x % 32 == 0)
+            bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + threadIdx.x / 32 - 4] = dot;
+          if (c + 1 < num_chunks)
+            load_state_pairs(Rs::group_rows(p.chunk_states, chunk_id - 1, p.num_v_heads, h, group), state_pairs);
+        }
       }
       wg::wait<0>();
       wg::fence_operand(dvd);

@@ -4,13 +4,14 @@
 // grid covers every (chunk, v-head) at once. The equations are those of one chunk of
 // src/reference/backward_chunked.cpp (float64) without the dS update.
 //
-// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = h * max_chunks + chunk
-// taken in strides of the grid; block 256 threads = 2 warpgroups g. The next item's loads run under
-// this item's last stages: its early set (V, dO, dS^T) is issued after stage C, its late set (K, Q,
-// S^T, Ag, gate record) after stage E's wgmmas, its A_r (registers) after its stores. Every
-// product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
-// and columns 32 g .. of the 64-wide ones (m64n32), except X (group 0 alone: its B is MN-major, and
-// an N offset inside a swizzled row is avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
+// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = chunk * Hv + h (a
+// chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
+// 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
+// set (V, dO, dS^T) is issued after stage C, its late set (K, Q, S^T, Ag, gate record) after stage
+// E's wgmmas, its A_r (registers) after its stores. Every product has M = 64 tokens; group g owns
+// columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
+// (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
+// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -68,7 +69,7 @@ struct BackwardGrads {
   static constexpr int kPanelBytes = Tiles::kPanelBytes;            // 64 rows of a 64-column panel
   static constexpr int kStatePanelBytes = Tiles::kStatePanelBytes;  // 128 rows of a 64-column panel
 
-  // One work item: chunk `chunk_id` of v-head h (index = h * max_chunks + chunk_id).
+  // One work item: chunk `chunk_id` of v-head h (index = chunk_id * Hv + h).
   struct Item {
     int64_t index, b, t0, chunk_id;
     int rows, h, hk;
@@ -160,15 +161,16 @@ struct BackwardGrads {
   }
 
   // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
-  // last sequence's chunks).
+  // last sequence's chunks: the last items).
   static __device__ Item find_item(const ForwardParams& p, int64_t index) {
     Item it{};
     for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
       ChunkLocation where;
-      if (!locate_chunk(p, index % p.max_chunks, where)) continue;
+      const int64_t chunk_id = index / p.num_v_heads;
+      if (!locate_chunk(p, chunk_id, where)) continue;
       it.index = index;
-      it.chunk_id = index % p.max_chunks;
-      it.h = static_cast<int>(index / p.max_chunks);
+      it.chunk_id = chunk_id;
+      it.h = static_cast<int>(index % p.num_v_heads);
       it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
       it.b = where.seq.batch;
       it.t0 = where.first_token;

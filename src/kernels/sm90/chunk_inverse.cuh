@@ -29,8 +29,8 @@
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
 // p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
 // warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
-// where p.chunk_window_terms is set (the forward's CP), head v's window term of the chunk (sum of
-// g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
+// where p.chunk_window_terms is set (CP, forward and backward), head v's window term of the chunk
+// (sum of g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
 #pragma once
 
 #include <type_traits>
@@ -49,9 +49,6 @@ struct ChunkInverse {
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
   static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
-  // The window terms come from the bf16 inverse only (v4's forward; the fp32 one has no registers
-  // to spare at 4 CTAs per SM).
-  static constexpr bool kWindowTerms = !std::is_same_v<InverseT, float>;
   using Split = SplitTile<kChunk, kPitchX>;
 
   struct SharedStorage {
@@ -154,13 +151,13 @@ struct ChunkInverse {
             s.kk.store_pair(row, col, kk0, kk1);
             if (row / 16 == col / 16)
               *reinterpret_cast<float2*>(&s.kk_diag[row / 16][row % 16][col % 16]) = make_float2(kk0, kk1);
-            if (kWindowTerms && (row == col || row == col + 1))
+            if (row == col || row == col + 1)
               s.k_norm2[row] = row == col ? acc[0][j][e] : acc[0][j][e + 1];
           }
       }
     }
     __syncthreads();  // K is dead from here: X reuses its bytes
-    if (kWindowTerms && p.chunk_window_terms != nullptr && warp < heads.count)
+    if (p.chunk_window_terms != nullptr && warp < heads.count)
       write_window_term(p, s, warp, heads.first + warp);
 
     // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used.

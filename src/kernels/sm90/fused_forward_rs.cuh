@@ -41,7 +41,8 @@
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
 // stages S^T's Elem fragments (the state entering the chunk) in its o staging and copies them to
-// chunk_states under the chunk's first wgmmas.
+// chunk_states under the chunk's first wgmmas; at a sequence's last chunk, with p.final_grad, it
+// also sums <dS_T, S> with S in fp32 (store_final_grad_dot).
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
@@ -465,6 +466,21 @@ struct FusedForwardRs {
     return static_cast<Elem*>(table) + (chunk_id * num_v_heads + h) * (kHeadDim * kHeadDim) + 64 * group * kHeadDim;
   }
 
+  // The backward's pre-pass (ForwardParams::final_grad): <dS_T, S> over this group's rows of S^T
+  // entering a sequence's last chunk, in fp32, as the group's 4 warps' partials of the chunk's 8.
+  static __device__ void store_final_grad_dot(const ForwardParams& p, const WorkItem& item, int64_t chunk_id, int h,
+                                              int group, const StateAcc& st) {
+    const StateBlock grad = user_state(p.final_grad, p.final_grad_strides, p.state_vk, item.sequence, h);
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dot += st[4 * j + e] * grad.load(Tiles::acc_col(j, e), 64 * group + Tiles::acc_row(e));
+    dot = warp_sum(dot);
+    if (threadIdx.x % 32 == 0)
+      p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + 4 * group + (threadIdx.x / 32) % 4] = dot;
+  }
+
   // Chunk c's slot (c % 2) once the aux group has made it ready.
   static __device__ __forceinline__ int wait_ready(const ForwardParams& p, uint64_t (&ready)[2], int64_t c) {
     const int buf = static_cast<int>(c & 1);
@@ -490,6 +506,8 @@ struct FusedForwardRs {
         if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging
         stage_state(s.o[group], st_frag);
         Aux::group_sync(2 + group);
+        if (c == num_chunks - 1 && item.sequence_end && p.final_grad_dots != nullptr)
+          store_final_grad_dot(p, item, item.first_chunk_id + c, h, group, st);
       }
       const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];

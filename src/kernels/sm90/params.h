@@ -76,6 +76,14 @@ struct ForwardParams {
   // [chunk id][hv][128][128] (S^T: V rows, K columns; chunk id = first chunk of the sequence + chunk).
   // o may then be null.
   void* chunk_states = nullptr;
+  // With chunk_states and the backward's d_final_state (fp32, states layout): <dS_T, S> of every
+  // sequence's (or shard's) last chunk, S the state entering it in fp32 (not chunk_states' bf16:
+  // dS_T is a large random-signed gradient, its dot with a bf16 S loses up to 8e-3 of dg on a short
+  // last chunk), as 8 per-warp partials into final_grad_dots[chunk id][hv][8]
+  // (BackwardParams::chunk_grad_dots; the dS pass leaves that chunk's). Null: not computed.
+  const float* final_grad = nullptr;
+  int64_t final_grad_strides[4] = {0, 0, 0, 0};
+  float* final_grad_dots = nullptr;
 
   // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments, each
   // sequence cut into ceil(C / segment_chunks) balanced segments (locate_segment, sequence.cuh).

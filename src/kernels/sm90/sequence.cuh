@@ -139,6 +139,7 @@ struct WorkItem {
   bool write_checkpoints = false;
   int64_t sequence = 0;         // the sequence the tokens belong to
   int64_t chunks_before = 0;    // chunks of that sequence before bos
+  bool sequence_end = false;    // the main pass's tokens end their sequence (or shard)
 };
 
 // Segment x (CP): its sequence n, index j among the num_segments of n, and its tokens.
@@ -210,6 +211,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.write_o = p.o != nullptr;
     item.write_checkpoints = p.checkpoints != nullptr;
     item.sequence = x;
+    item.sequence_end = true;
     return item;
   }
   const SegmentLocation at = locate_segment(p, x);
@@ -245,6 +247,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     item.bos = at.bos;
     item.initial = segment_state(p.segment_starts, p.num_v_heads, x, h);
     if (at.last()) item.final = sequence_final_state(p, n, h);
+    item.sequence_end = at.last();
     item.write_o = p.o != nullptr;
     item.write_checkpoints = p.checkpoints != nullptr;
   }
