@@ -24,20 +24,21 @@
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
-//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round)
+//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
+//      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
 //   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
 //      registers (a second commit group, running under the first one's epilogue): dg_s +=
-//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a)
+//      rowsum(Q (.) dQ_a) - rowsum(K (.) dK_a) (E adds the last back: dg_s's dK_a term is a's alone)
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes
 //   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
-//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63 (<dS, S> from the dS pass,
+//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
 //      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
@@ -332,7 +333,8 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
 
-    // ── Stage B: Vd, dVd ───────────────────────────────────────────────────────────────────────
+    // ── Stage B: Vd, dVd, a ────────────────────────────────────────────────────────────────────
+    float* dgs = s.dgs_part[warp];
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
@@ -350,12 +352,24 @@ struct BackwardGrads {
       const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
       Tiles::store_fragments(s.dvd + group * kPanelBytes, 0,
                              [&](int j, int e) { return rho[e / 2] * kds[4 * j + e] + pdo[4 * j + e]; });
+      // a = rowsum(K (.) dK_a) = rho (.) rowsum((K dS) (.) Vd), from the fp32 accumulators: dK_a's
+      // wgmma (stage C) takes Vd in bf16, and that rounding of a sequence's last chunk reaches dg_T
+      // whole (a random-signed sum of the user's dht, bench/dg_error_locate.py).
+      float ka_row[2] = {0.f, 0.f};
+#pragma unroll
+      for (int x = 0; x < 32; ++x) ka_row[(x % 4) / 2] += kds[x] * vd[x];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        ka_row[half] *= rho[half];
+        add_row_sum(dgs, acc_row(2 * half), -ka_row[half]);
+      }
+      const float ka = warp_sum(ka_row[0] + ka_row[1]);
+      if (lane == 0) s.ka_part[warp] = ka;
     }
     wg::fence_shared_to_async();
     __syncthreads();
 
     // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
-    float* dgs = s.dgs_part[warp];
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
     {
       Acc dw;
@@ -455,9 +469,7 @@ struct BackwardGrads {
       __syncwarp();
       add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);
       __syncwarp();
-      float ka = add_row_dots(dgs, dk, s.k + group * kPanelBytes, -2.f);  // a = rowsum(K (.) dK_a)
-      ka = warp_sum(ka);
-      if (lane == 0) s.ka_part[warp] = ka;
+      add_row_dots(dgs, dk, s.k + group * kPanelBytes, -1.f);  // -rowsum(K (.) dK_a): stage E adds it back
     }
     wg::fence_shared_to_async();
     __syncthreads();
