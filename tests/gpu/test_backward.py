@@ -127,6 +127,34 @@ def test_grouped_heads(seed, ratio):
     check(x, grads, do, dht)
 
 
+def kernels_launched(fn):
+    """Names of the CUDA kernels fn() launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("ratio", [2, 3, 4])
+def test_group_sums(seed, ratio):
+    """Where a q/k head's chunks fill the SMs (47 chunks x 4 q/k heads here), the gradient pass sums
+    dq, dk over each group of v-heads itself (a CTA takes the group's v-heads of a chunk in a row):
+    no qk_grads pass; varlen with empty, 1-token and partial-chunk sequences and padding. The small
+    shape beside it (2 chunks x 2 q/k heads) keeps the qk_grads pass."""
+    lengths = [0, 1, 63, 64, 65, 127, 300, 3, 128, 0, 129, 1000, 777]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    x = make_inputs(1, sum(lengths) + 37, 4, 4 * ratio, regime="model", N=len(lengths))
+    cu = cu.to(x["q"].device)
+    do, dht = upstream(x, cu_seqlens=cu)
+    names = kernels_launched(lambda: run_poisoned(x, do, dht, cu_seqlens=cu))
+    assert not any("qk_grads" in n for n in names), "the gradient pass should sum the groups here"
+    grads = run_poisoned(x, do, dht, cu_seqlens=cu)
+    check(x, grads, do, dht, cu_seqlens=cu)
+    assert_padding_zero(grads, int(cu[-1]))
+    small = make_inputs(1, 100, 2, 2 * ratio, regime="model")
+    assert any("qk_grads" in n for n in kernels_launched(lambda: run_poisoned(small, *upstream(small))))
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("host_copy", [False, True])
 def test_varlen_with_padding(seed, index_dtype, host_copy):

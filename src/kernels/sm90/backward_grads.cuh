@@ -11,7 +11,9 @@
 // E's wgmmas, its A_r (registers) after its stores. Every product has M = 64 tokens; group g owns
 // columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
 // (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
-// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
+// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
+// units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
+// dq, dk accumulate in the group's first v-head's fp32 slot of dq_heads, the last v-head writes them.
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -161,11 +163,23 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
-  // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
+  // This CTA's item after `index`: index + gridDim.x, or with bp.group_sums the next v-head of the
+  // group (a unit: a q/k head's v-heads of one chunk, index / group), then the unit gridDim.x on.
+  static __device__ __forceinline__ int64_t next_index(const BackwardParams& bp, int64_t index) {
+    if (!bp.group_sums) return index + gridDim.x;
+    const int group = bp.fwd.num_v_heads / bp.fwd.num_qk_heads;
+    return (index + 1) % group != 0 ? index + 1 : index + 1 + static_cast<int64_t>(gridDim.x - 1) * group;
+  }
+  static __device__ __forceinline__ int64_t first_index(const BackwardParams& bp) {
+    return bp.group_sums ? static_cast<int64_t>(blockIdx.x) * (bp.fwd.num_v_heads / bp.fwd.num_qk_heads) : blockIdx.x;
+  }
+
+  // The first valid item at `index` or after it (next_index; varlen grids have chunk ids past the
   // last sequence's chunks: the last items).
-  static __device__ Item find_item(const ForwardParams& p, int64_t index) {
+  static __device__ Item find_item(const BackwardParams& bp, int64_t index) {
+    const ForwardParams& p = bp.fwd;
     Item it{};
-    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
+    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index = next_index(bp, index)) {
       ChunkLocation where;
       const int64_t chunk_id = index / p.num_v_heads;
       if (!locate_chunk(p, chunk_id, where)) continue;
@@ -256,7 +270,7 @@ struct BackwardGrads {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.late, 1);
       tma::fence_barrier_init();
-      s.next = find_item(p, blockIdx.x);
+      s.next = find_item(bp, first_index(bp));
       if (s.next.valid) {
         issue_early(maps, s, s.next, p.num_v_heads);
         issue_late(p, maps, s, s.next);
@@ -285,6 +299,7 @@ struct BackwardGrads {
     const float scale = p.scale;
     const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
     const int rows = it.rows, h = it.h;
+    const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -474,7 +489,7 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
-      Item next = find_item(p, it.index + gridDim.x);
+      Item next = find_item(bp, next_index(bp, it.index));
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
@@ -562,6 +577,26 @@ struct BackwardGrads {
           store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
                          h * bp.dk_strides.head + col,
                      dk[4 * j + e], dk[4 * j + e + 1]);
+        } else if (bp.group_sums) {  // the group's sum in its first v-head's slot (L2), this CTA's alone
+          const int r = h - it.hk * group_size;
+          const int64_t slot = ((b * p.seqlen + t) * p.num_v_heads + it.hk * group_size) * kHeadDim + col;
+          float2 sq = make_float2(dq[4 * j + e], dq[4 * j + e + 1]), sk = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+          if (r > 0) {  // this thread wrote the slot at the group's previous v-head (same accumulator position)
+            const float2 pq = __ldcg(reinterpret_cast<const float2*>(bp.dq_heads + slot));
+            const float2 pk = __ldcg(reinterpret_cast<const float2*>(bp.dk_heads + slot));
+            sq.x += pq.x, sq.y += pq.y, sk.x += pk.x, sk.y += pk.y;
+          }
+          if (r + 1 < group_size) {
+            __stcg(reinterpret_cast<float2*>(bp.dq_heads + slot), sq);
+            __stcg(reinterpret_cast<float2*>(bp.dk_heads + slot), sk);
+          } else {
+            store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
+                           it.hk * bp.dq_strides.head + col,
+                       sq.x, sq.y);
+            store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
+                           it.hk * bp.dk_strides.head + col,
+                       sk.x, sk.y);
+          }
         } else {
           const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
           *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
