@@ -29,7 +29,10 @@
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
 // [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
 // [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; dq_heads, dk_heads
-// fp32 [B*T, Hv, 128] (unless dq, dk are written directly).
+// fp32 [B*T, Hv, 128] (unless Hv == Hqk without the L2 norm), dq_heads at least [chunks, Hqk, 2, 64,
+// 128] for group_sums' running sums.
+#include <algorithm>
+
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -76,9 +79,11 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
   layout.chunk_grad_dots = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 8 * sizeof(float));
-  if (!direct_qk(in)) {
+  if (!direct_qk(in)) {  // dq_heads also holds group_sums' running sums: 64 KiB per (chunk, q/k head)
+    const auto heads_bytes = tokens_heads * 128 * sizeof(float);
+    const auto unit_sums_bytes = static_cast<std::size_t>(chunk_bound(in)) * s.num_qk_heads * 2 * 64 * 128 * sizeof(float);
     layout.dq_heads = offset;
-    offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+    offset = align_up(offset + std::max(heads_bytes, unit_sums_bytes));
     layout.dk_heads = offset;
     offset = align_up(offset + tokens_heads * 128 * sizeof(float));
   }

@@ -13,7 +13,10 @@
 // (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
 // avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
 // units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
-// dq, dk accumulate in the group's first v-head's fp32 slot of dq_heads, the last v-head writes them.
+// dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
+// columns swizzled by row), which the next v-head's item brings back by bulk TMA into tiles its own
+// stages have retired (dq: Vd, dVd after stage C; dk: dU and Pg, dP after stage E) and adds; the
+// group's last v-head writes dq, dk in q's dtype.
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -101,6 +104,7 @@ struct BackwardGrads {
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
     alignas(8) uint64_t early, late;  // the item's two load sets
+    uint64_t partial;                 // group_sums: the group's running dq, dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
@@ -229,6 +233,36 @@ struct BackwardGrads {
     return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
   }
 
+  // group_sums: a unit's running sum, dq then dk, each [64][128] fp32 (32 KiB) with the float2 at
+  // (row, pair c) stored at pair c ^ 4 (row % 4): the warps' float2 reads of the staged copy then
+  // touch every bank twice (two wavefronts), and each 4 lanes still write one 32-byte sector.
+  static constexpr uint32_t kPartialBytes = kChunk * kHeadDim * 4;
+  static __device__ __forceinline__ float* unit_partial(const BackwardParams& bp, const Item& it) {
+    const int64_t unit = it.chunk_id * bp.fwd.num_qk_heads + it.hk;
+    return bp.dq_heads + unit * 2 * kChunk * kHeadDim;
+  }
+  static __device__ __forceinline__ int partial_offset(int row, int col) {  // col even
+    return row * kHeadDim + 2 * ((col / 2) ^ (4 * (row % 4)));
+  }
+  // The staged copy (bulk TMA into retired tiles): dq in Vd, dVd; dk's rows 0..31 in dU, 32..63 in Pg, dP.
+  static __device__ __forceinline__ void issue_partial_dq(const BackwardParams& bp, SharedStorage& s, const Item& it) {
+    static_assert(offsetof(SharedStorage, dvd) == offsetof(SharedStorage, vd) + kTokenTileBytes, "Vd, dVd adjacent");
+    tma::arrive_expect_bytes(&s.partial, 2 * kPartialBytes);
+    tma::load_bulk(s.vd, unit_partial(bp, it), kPartialBytes, &s.partial);
+  }
+  static __device__ __forceinline__ void issue_partial_dk(const BackwardParams& bp, SharedStorage& s, const Item& it) {
+    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, pg) + kSquareTileBytes, "Pg, dP adjacent");
+    static_assert(kTokenTileBytes == kPartialBytes / 2 && 2 * kSquareTileBytes == kPartialBytes / 2, "half of dk each");
+    const float* dk = unit_partial(bp, it) + kChunk * kHeadDim;
+    tma::load_bulk(s.du, dk, kPartialBytes / 2, &s.partial);
+    tma::load_bulk(s.pg, dk + kChunk * kHeadDim / 2, kPartialBytes / 2, &s.partial);
+  }
+  static __device__ __forceinline__ float2 staged_partial(const SharedStorage& s, bool is_k, int row, int col) {
+    const unsigned char* base = !is_k ? s.vd : row < kChunk / 2 ? s.du : s.pg;
+    const int r = is_k ? row % (kChunk / 2) : row;
+    return *reinterpret_cast<const float2*>(base + 4 * partial_offset(r, col));
+  }
+
   // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
   // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
   static __device__ void zero_rows(SharedStorage& s, int rows) {
@@ -269,6 +303,7 @@ struct BackwardGrads {
     if (threadIdx.x == kIssuer) {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.late, 1);
+      tma::barrier_init(&s.partial, 1);
       tma::fence_barrier_init();
       s.next = find_item(bp, first_index(bp));
       if (s.next.valid) {
@@ -281,9 +316,10 @@ struct BackwardGrads {
     if (!first.valid) return;
     Acc32 a_r;  // A_r of the item, loaded an item ahead
     load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
+    uint32_t partial_phase = 0;  // group_sums: the staged partials' phases so far, mod 2
 #pragma unroll 1
     do {
-      run_item(bp, maps, s, a_r);
+      run_item(bp, maps, s, a_r, partial_phase);
       __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them
     } while (s.next.valid);
   }
@@ -291,7 +327,7 @@ struct BackwardGrads {
   // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
   // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
   static __device__ __forceinline__ void run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
-                                                  SharedStorage& s, Acc32& a_r) {
+                                                  SharedStorage& s, Acc32& a_r, uint32_t& partial_phase) {
     const Item it = s.next;
     const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -300,6 +336,8 @@ struct BackwardGrads {
     const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
     const int rows = it.rows, h = it.h;
     const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
+    const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
+    const bool add_partial = bp.group_sums && group_rank > 0;
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -493,6 +531,7 @@ struct BackwardGrads {
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
+      if (add_partial) issue_partial_dq(bp, s, it);  // Vd, dVd are retired
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
@@ -559,9 +598,37 @@ struct BackwardGrads {
       wg::fence_operand(dk_rest);
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
-      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
+      if (threadIdx.x == kIssuer) {
+        if (s.next.valid) issue_late(p, maps, s, s.next);
+        if (add_partial) issue_partial_dk(bp, s, it);  // dU, Pg, dP are retired
+      }
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
+    }
+    if (add_partial) {  // the group's running sum, staged in shared memory
+      tma::wait(&s.partial, partial_phase);
+      partial_phase ^= 1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          const float2 pq = staged_partial(s, false, row, col), pk = staged_partial(s, true, row, col);
+          dq[4 * j + e] += pq.x, dq[4 * j + e + 1] += pq.y;
+          dk[4 * j + e] += pk.x, dk[4 * j + e + 1] += pk.y;
+        }
+    }
+    if (bp.group_sums && group_rank + 1 < group_size) {  // the running sum for the group's next v-head
+      float* partial = unit_partial(bp, it);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int at = partial_offset(acc_row(e), 64 * group + acc_col(j, e));
+          *reinterpret_cast<float2*>(partial + at) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          *reinterpret_cast<float2*>(partial + kChunk * kHeadDim + at) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+        }
+      tma::fence_global_to_async();  // read back by the next item's bulk copies
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -577,25 +644,14 @@ struct BackwardGrads {
           store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
                          h * bp.dk_strides.head + col,
                      dk[4 * j + e], dk[4 * j + e + 1]);
-        } else if (bp.group_sums) {  // the group's sum in its first v-head's slot (L2), this CTA's alone
-          const int r = h - it.hk * group_size;
-          const int64_t slot = ((b * p.seqlen + t) * p.num_v_heads + it.hk * group_size) * kHeadDim + col;
-          float2 sq = make_float2(dq[4 * j + e], dq[4 * j + e + 1]), sk = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
-          if (r > 0) {  // this thread wrote the slot at the group's previous v-head (same accumulator position)
-            const float2 pq = __ldcg(reinterpret_cast<const float2*>(bp.dq_heads + slot));
-            const float2 pk = __ldcg(reinterpret_cast<const float2*>(bp.dk_heads + slot));
-            sq.x += pq.x, sq.y += pq.y, sk.x += pk.x, sk.y += pk.y;
-          }
-          if (r + 1 < group_size) {
-            __stcg(reinterpret_cast<float2*>(bp.dq_heads + slot), sq);
-            __stcg(reinterpret_cast<float2*>(bp.dk_heads + slot), sk);
-          } else {
+        } else if (bp.group_sums) {  // the group's last v-head writes the sums
+          if (group_rank + 1 == group_size) {
             store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
                            it.hk * bp.dq_strides.head + col,
-                       sq.x, sq.y);
+                       dq[4 * j + e], dq[4 * j + e + 1]);
             store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
                            it.hk * bp.dk_strides.head + col,
-                       sk.x, sk.y);
+                       dk[4 * j + e], dk[4 * j + e + 1]);
           }
         } else {
           const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
