@@ -525,6 +525,8 @@ struct BackwardGrads {
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, -1.f);  // -rowsum(K (.) dK_a): stage E adds it back
     }
     wg::fence_shared_to_async();
+    // the previous item's running-sum stores (long done by now: a cheap fence) before the bulk copies
+    if (add_partial) tma::fence_global_to_async();
     __syncthreads();
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
       Item next = find_item(bp, next_index(bp, it.index));
@@ -628,7 +630,6 @@ struct BackwardGrads {
           *reinterpret_cast<float2*>(partial + at) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
           *reinterpret_cast<float2*>(partial + kChunk * kHeadDim + at) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
-      tma::fence_global_to_async();  // read back by the next item's bulk copies
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
