@@ -9,6 +9,9 @@ dominates the relative L2 of the whole dg.
 
     python3 bench/dg_error_locate.py --seed 1521375373 --T 4133 --heads 2 4 --regime model --dht \
         [--h0] [--segment-chunks 4]
+    python3 bench/dg_error_locate.py --seed 0 --sweep 200 --dht [--batch B]   (CP off: dg's rel L2
+        over seeds 0..199, whole and over the last chunk's tokens: the distributions, the worst
+        seeds and the share of the last token's error in each)
 """
 
 import argparse
@@ -44,6 +47,31 @@ def report(name, dg, ref, top):
     print(f"  last chunk's share of the local error: {last.pow(2).sum().sqrt().item() / total:.2f}")
 
 
+def sweep(args):
+    rows = []
+    for seed in range(args.seed, args.seed + args.sweep):
+        torch.manual_seed(seed)
+        x = make_inputs(args.batch, args.T, *args.heads, regime=args.regime, initial_state=args.h0)
+        do, dht = upstream(x, args.dht)
+        ref = backward_f64(*(x[n] for n in ("q", "k", "v", "g", "beta")), x["q"].shape[-1] ** -0.5, do, dht,
+                           x["initial_state"])[3]
+        dg = run_backward(x, do, dht, OFF)["dg"].double()
+        err = dg - ref
+        last = err[:, -1].norm().item() / max(err.norm().item(), 1e-300)
+        first = (args.T - 1) // 64 * 64  # the last chunk's first token
+        rows.append((rel_l2(dg, ref), seed, last, rel_l2(dg[:, first:], ref[:, first:])))
+    errors = torch.tensor([r[0] for r in rows])
+    q = torch.quantile(errors, torch.tensor([0.5, 0.9, 0.99], dtype=errors.dtype)).tolist()
+    print(f"dg rel L2 over {len(rows)} seeds ({args.batch} x T {args.T}, heads {tuple(args.heads)}, {args.regime}, dht {args.dht}, "
+          f"h0 {args.h0}, CP off): median {q[0]:.2e} p90 {q[1]:.2e} p99 {q[2]:.2e} max {errors.max().item():.2e}; "
+          f"over 1e-2: {(errors > 1e-2).sum().item()}, over 2e-2: {(errors > 2e-2).sum().item()}")
+    chunk = torch.tensor([r[3] for r in rows])
+    q = torch.quantile(chunk, torch.tensor([0.5, 0.9, 0.99], dtype=chunk.dtype)).tolist()
+    print(f"  the last chunk's tokens alone: median {q[0]:.2e} p90 {q[1]:.2e} p99 {q[2]:.2e} max {chunk.max().item():.2e}")
+    for e, seed, last, c in sorted(rows, reverse=True)[:5]:
+        print(f"  seed {seed}: {e:.3e} (last token's share of the error {last:.2f}; last chunk {c:.3e})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, required=True)
@@ -54,7 +82,11 @@ def main():
     ap.add_argument("--h0", action="store_true")
     ap.add_argument("--segment-chunks", type=int, default=4)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--sweep", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=1, help="sequences per seed (--sweep)")
     args = ap.parse_args()
+    if args.sweep:
+        return sweep(args)
     torch.manual_seed(args.seed)
     x = make_inputs(1, args.T, *args.heads, regime=args.regime, initial_state=args.h0)
     do, dht = upstream(x, args.dht)

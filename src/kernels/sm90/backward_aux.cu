@@ -3,7 +3,7 @@
 //                       summed over the head's group of Hv/Hqk v-heads, then (with the in-kernel
 //                       L2 norm) through x / sqrt(|x|^2 + 1e-6):  dx = (dy - y (y . dy)) / n,
 //                       y = x / n; written in q's dtype. Tokens past cu_seqlens[N] get zeros.
-//   zero_grad_padding   grid-stride: dv, dg, dbeta (and dq, dk with direct_qk) of tokens past
+//   zero_grad_padding   grid-stride: dv, dg, dbeta (and dq, dk without qk_grads) of tokens past
 //                       cu_seqlens[N] set to zero (varlen)
 #include <cuda_runtime.h>
 
@@ -72,8 +72,8 @@ __global__ void zero_grad_padding_kernel(const BackwardParams bp) {
   release_next_grid();
   const ForwardParams& p = bp.fwd;
   const int64_t first = cu_seqlens_at(p, p.num_seqs);
-  // dv vectors, dg and dbeta, then (direct_qk: no qk_grads pass) dq and dk vectors
-  const int64_t qk_vectors = bp.direct_qk ? 2 * p.num_qk_heads * (kHeadDim / 8) : 0;
+  // dv vectors, dg and dbeta, then (direct_qk, group_sums: no qk_grads pass) dq and dk vectors
+  const int64_t qk_vectors = bp.direct_qk || bp.group_sums ? 2 * p.num_qk_heads * (kHeadDim / 8) : 0;
   const int64_t per_token = p.num_v_heads * (kHeadDim / 8 + 2) + qk_vectors;
   const int64_t items = (p.seqlen - first) * per_token;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < items;

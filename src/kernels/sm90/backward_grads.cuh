@@ -11,7 +11,12 @@
 // E's wgmmas, its A_r (registers) after its stores. Every product has M = 64 tokens; group g owns
 // columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
 // (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
-// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN").
+// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
+// units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
+// dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
+// columns swizzled by row), which the next v-head's item brings back by bulk TMA into tiles its own
+// stages have retired (dq: Vd, dVd after stage C; dk: dU and Pg, dP after stage E) and adds; the
+// group's last v-head writes dq, dk in q's dtype.
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -24,20 +29,21 @@
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
-//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round)
+//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
+//      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
 //   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
 //      registers (a second commit group, running under the first one's epilogue): dg_s +=
-//      rowsum(Q (.) dQ_a) - 2 rowsum(K (.) dK_a)
+//      rowsum(Q (.) dQ_a) - rowsum(K (.) dK_a) (E adds the last back: dg_s's dK_a term is a's alone)
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes
 //   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
-//      dgamma = e^gamma <dS, S> + sum rowsum(K (.) dK_a) at row 63 (<dS, S> from the dS pass,
+//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
 //      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
@@ -98,6 +104,7 @@ struct BackwardGrads {
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
     alignas(8) uint64_t early, late;  // the item's two load sets
+    uint64_t partial;                 // group_sums: the group's running dq, dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
@@ -160,11 +167,23 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
-  // The first valid item at `index`, index + gridDim.x, ... (varlen grids have chunk ids past the
+  // This CTA's item after `index`: index + gridDim.x, or with bp.group_sums the next v-head of the
+  // group (a unit: a q/k head's v-heads of one chunk, index / group), then the unit gridDim.x on.
+  static __device__ __forceinline__ int64_t next_index(const BackwardParams& bp, int64_t index) {
+    if (!bp.group_sums) return index + gridDim.x;
+    const int group = bp.fwd.num_v_heads / bp.fwd.num_qk_heads;
+    return (index + 1) % group != 0 ? index + 1 : index + 1 + static_cast<int64_t>(gridDim.x - 1) * group;
+  }
+  static __device__ __forceinline__ int64_t first_index(const BackwardParams& bp) {
+    return bp.group_sums ? static_cast<int64_t>(blockIdx.x) * (bp.fwd.num_v_heads / bp.fwd.num_qk_heads) : blockIdx.x;
+  }
+
+  // The first valid item at `index` or after it (next_index; varlen grids have chunk ids past the
   // last sequence's chunks: the last items).
-  static __device__ Item find_item(const ForwardParams& p, int64_t index) {
+  static __device__ Item find_item(const BackwardParams& bp, int64_t index) {
+    const ForwardParams& p = bp.fwd;
     Item it{};
-    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index += gridDim.x) {
+    for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index = next_index(bp, index)) {
       ChunkLocation where;
       const int64_t chunk_id = index / p.num_v_heads;
       if (!locate_chunk(p, chunk_id, where)) continue;
@@ -214,6 +233,36 @@ struct BackwardGrads {
     return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
   }
 
+  // group_sums: a unit's running sum, dq then dk, each [64][128] fp32 (32 KiB) with the float2 at
+  // (row, pair c) stored at pair c ^ 4 (row % 4): the warps' float2 reads of the staged copy then
+  // touch every bank twice (two wavefronts), and each 4 lanes still write one 32-byte sector.
+  static constexpr uint32_t kPartialBytes = kChunk * kHeadDim * 4;
+  static __device__ __forceinline__ float* unit_partial(const BackwardParams& bp, const Item& it) {
+    const int64_t unit = it.chunk_id * bp.fwd.num_qk_heads + it.hk;
+    return bp.dq_heads + unit * 2 * kChunk * kHeadDim;
+  }
+  static __device__ __forceinline__ int partial_offset(int row, int col) {  // col even
+    return row * kHeadDim + 2 * ((col / 2) ^ (4 * (row % 4)));
+  }
+  // The staged copy (bulk TMA into retired tiles): dq in Vd, dVd; dk's rows 0..31 in dU, 32..63 in Pg, dP.
+  static __device__ __forceinline__ void issue_partial_dq(const BackwardParams& bp, SharedStorage& s, const Item& it) {
+    static_assert(offsetof(SharedStorage, dvd) == offsetof(SharedStorage, vd) + kTokenTileBytes, "Vd, dVd adjacent");
+    tma::arrive_expect_bytes(&s.partial, 2 * kPartialBytes);
+    tma::load_bulk(s.vd, unit_partial(bp, it), kPartialBytes, &s.partial);
+  }
+  static __device__ __forceinline__ void issue_partial_dk(const BackwardParams& bp, SharedStorage& s, const Item& it) {
+    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, pg) + kSquareTileBytes, "Pg, dP adjacent");
+    static_assert(kTokenTileBytes == kPartialBytes / 2 && 2 * kSquareTileBytes == kPartialBytes / 2, "half of dk each");
+    const float* dk = unit_partial(bp, it) + kChunk * kHeadDim;
+    tma::load_bulk(s.du, dk, kPartialBytes / 2, &s.partial);
+    tma::load_bulk(s.pg, dk + kChunk * kHeadDim / 2, kPartialBytes / 2, &s.partial);
+  }
+  static __device__ __forceinline__ float2 staged_partial(const SharedStorage& s, bool is_k, int row, int col) {
+    const unsigned char* base = !is_k ? s.vd : row < kChunk / 2 ? s.du : s.pg;
+    const int r = is_k ? row % (kChunk / 2) : row;
+    return *reinterpret_cast<const float2*>(base + 4 * partial_offset(r, col));
+  }
+
   // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
   // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
   static __device__ void zero_rows(SharedStorage& s, int rows) {
@@ -254,8 +303,9 @@ struct BackwardGrads {
     if (threadIdx.x == kIssuer) {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.late, 1);
+      tma::barrier_init(&s.partial, 1);
       tma::fence_barrier_init();
-      s.next = find_item(p, blockIdx.x);
+      s.next = find_item(bp, first_index(bp));
       if (s.next.valid) {
         issue_early(maps, s, s.next, p.num_v_heads);
         issue_late(p, maps, s, s.next);
@@ -266,9 +316,10 @@ struct BackwardGrads {
     if (!first.valid) return;
     Acc32 a_r;  // A_r of the item, loaded an item ahead
     load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
+    uint32_t partial_phase = 0;  // group_sums: the staged partials' phases so far, mod 2
 #pragma unroll 1
     do {
-      run_item(bp, maps, s, a_r);
+      run_item(bp, maps, s, a_r, partial_phase);
       __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them
     } while (s.next.valid);
   }
@@ -276,7 +327,7 @@ struct BackwardGrads {
   // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
   // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
   static __device__ __forceinline__ void run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
-                                                  SharedStorage& s, Acc32& a_r) {
+                                                  SharedStorage& s, Acc32& a_r, uint32_t& partial_phase) {
     const Item it = s.next;
     const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -284,6 +335,9 @@ struct BackwardGrads {
     const float scale = p.scale;
     const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
     const int rows = it.rows, h = it.h;
+    const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
+    const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
+    const bool add_partial = bp.group_sums && group_rank > 0;
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -332,7 +386,8 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
 
-    // ── Stage B: Vd, dVd ───────────────────────────────────────────────────────────────────────
+    // ── Stage B: Vd, dVd, a ────────────────────────────────────────────────────────────────────
+    float* dgs = s.dgs_part[warp];
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
@@ -350,12 +405,24 @@ struct BackwardGrads {
       const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
       Tiles::store_fragments(s.dvd + group * kPanelBytes, 0,
                              [&](int j, int e) { return rho[e / 2] * kds[4 * j + e] + pdo[4 * j + e]; });
+      // a = rowsum(K (.) dK_a) = rho (.) rowsum((K dS) (.) Vd), from the fp32 accumulators: dK_a's
+      // wgmma (stage C) takes Vd in bf16, and that rounding of a sequence's last chunk reaches dg_T
+      // whole (a random-signed sum of the user's dht, bench/dg_error_locate.py).
+      float ka_row[2] = {0.f, 0.f};
+#pragma unroll
+      for (int x = 0; x < 32; ++x) ka_row[(x % 4) / 2] += kds[x] * vd[x];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        ka_row[half] *= rho[half];
+        add_row_sum(dgs, acc_row(2 * half), -ka_row[half]);
+      }
+      const float ka = warp_sum(ka_row[0] + ka_row[1]);
+      if (lane == 0) s.ka_part[warp] = ka;
     }
     wg::fence_shared_to_async();
     __syncthreads();
 
     // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
-    float* dgs = s.dgs_part[warp];
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
     {
       Acc dw;
@@ -455,17 +522,18 @@ struct BackwardGrads {
       __syncwarp();
       add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);
       __syncwarp();
-      float ka = add_row_dots(dgs, dk, s.k + group * kPanelBytes, -2.f);  // a = rowsum(K (.) dK_a)
-      ka = warp_sum(ka);
-      if (lane == 0) s.ka_part[warp] = ka;
+      add_row_dots(dgs, dk, s.k + group * kPanelBytes, -1.f);  // -rowsum(K (.) dK_a): stage E adds it back
     }
     wg::fence_shared_to_async();
+    // the previous item's running-sum stores (long done by now: a cheap fence) before the bulk copies
+    if (add_partial) tma::fence_global_to_async();
     __syncthreads();
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
-      Item next = find_item(p, it.index + gridDim.x);
+      Item next = find_item(bp, next_index(bp, it.index));
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
+      if (add_partial) issue_partial_dq(bp, s, it);  // Vd, dVd are retired
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
@@ -532,9 +600,36 @@ struct BackwardGrads {
       wg::fence_operand(dk_rest);
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
-      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
+      if (threadIdx.x == kIssuer) {
+        if (s.next.valid) issue_late(p, maps, s, s.next);
+        if (add_partial) issue_partial_dk(bp, s, it);  // dU, Pg, dP are retired
+      }
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
+    }
+    if (add_partial) {  // the group's running sum, staged in shared memory
+      tma::wait(&s.partial, partial_phase);
+      partial_phase ^= 1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          const float2 pq = staged_partial(s, false, row, col), pk = staged_partial(s, true, row, col);
+          dq[4 * j + e] += pq.x, dq[4 * j + e + 1] += pq.y;
+          dk[4 * j + e] += pk.x, dk[4 * j + e + 1] += pk.y;
+        }
+    }
+    if (bp.group_sums && group_rank + 1 < group_size) {  // the running sum for the group's next v-head
+      float* partial = unit_partial(bp, it);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int at = partial_offset(acc_row(e), 64 * group + acc_col(j, e));
+          *reinterpret_cast<float2*>(partial + at) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          *reinterpret_cast<float2*>(partial + kChunk * kHeadDim + at) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+        }
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -550,6 +645,15 @@ struct BackwardGrads {
           store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
                          h * bp.dk_strides.head + col,
                      dk[4 * j + e], dk[4 * j + e + 1]);
+        } else if (bp.group_sums) {  // the group's last v-head writes the sums
+          if (group_rank + 1 == group_size) {
+            store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
+                           it.hk * bp.dq_strides.head + col,
+                       dq[4 * j + e], dq[4 * j + e + 1]);
+            store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
+                           it.hk * bp.dk_strides.head + col,
+                       dk[4 * j + e], dk[4 * j + e + 1]);
+          }
         } else {
           const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
           *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);

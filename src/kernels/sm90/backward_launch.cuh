@@ -58,7 +58,8 @@ cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStre
   auto* kernel = backward_grads_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  const int64_t items = p.fwd.max_chunks * p.fwd.num_v_heads;  // persistent: one CTA per SM at most
+  // persistent: one CTA per SM at most, over items or (group_sums) units of a group's v-heads
+  const int64_t items = p.fwd.max_chunks * (p.group_sums ? p.fwd.num_qk_heads : p.fwd.num_v_heads);
   return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, num_sms))), Kernel::kThreads, smem,
                        stream, p, maps);
 }

@@ -165,7 +165,10 @@ struct BackwardParams {
   // dq, dk of every v-head in fp32, (b * seqlen + t, hv, 128) (workspace), then summed over each
   // group of v-heads (and through the L2 norm) into dq, dk (b, t, hqk, 128), dtype of q. With
   // direct_qk (Hv == Hqk, no L2 norm: nothing to sum or chain) the gradient pass writes dq, dk.
+  // With group_sums (Hv > Hqk, no L2 norm) it sums them itself: a CTA takes a group's v-heads of a
+  // chunk in a row, the running sum in dq_heads as [chunk, hk][dq, dk][64][128] (backward_grads.cuh).
   bool direct_qk = false;
+  bool group_sums = false;
   float* dq_heads = nullptr;
   float* dk_heads = nullptr;
   void* dq = nullptr;

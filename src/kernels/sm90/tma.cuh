@@ -74,6 +74,10 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// This thread's earlier global writes ordered before later async-proxy (TMA) reads of them (with a
+// CTA barrier between this fence and the thread issuing those reads).
+__device__ __forceinline__ void fence_global_to_async() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 // The descriptor `map` fetched ahead of its first load (its fetch otherwise waits inside that load).
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
