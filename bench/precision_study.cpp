@@ -12,6 +12,8 @@
 //   all+lastVd   all, Vd exact in the sequence's last chunk (a hi + lo split there)
 //   all+last     all+lastVd with the last chunk's dot exact too
 //   all-<tile>   all but one tile (the tile's share: "all" minus this)
+//   pre          all+lastdot with the pre-pass's states as v4 computes them (prepass_states)
+//   pre+hilo     pre with the state update's rho Vd exact (a hi + lo split: prepass_exact_update)
 //
 //   build/bench/precision_study [T] [seeds] [heads]      (defaults 4133 4 4; about 3 s per head-run)
 #include <cmath>
@@ -41,6 +43,9 @@ std::vector<Emulation> emulations() {
                                 {"all+lastdot", {.exact_last_dot = true, .operand_states = true, .tiles = true}},
                                 {"all+lastVd", {.operand_states = true, .tiles = true, .exact_last_vd = true}},
                                 {"all+last", {.exact_last_dot = true, .operand_states = true, .tiles = true, .exact_last_vd = true}}};
+  out.push_back({"pre", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true}});
+  out.push_back({"pre+hilo", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                              .prepass_exact_update = true}});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});

@@ -42,10 +42,14 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //   operand_states  S and dS rounded wherever they are GEMM operands (U = K S, dQ_a, dU S^T, K dS,
 //                   Vd dS^T) and in the dot;
 //   tiles           the bf16 tiles the gradient pass stores, bit i of tile_mask for kTileNames[i],
-//                   except Vd in the sequence's last chunk with exact_last_vd (a hi + lo split there).
+//                   except Vd in the sequence's last chunk with exact_last_vd (a hi + lo split there);
+//   prepass_states  the pre-pass's state recurrence as v4 runs it (S fp32 between chunks): S rounded as
+//                   the operand of Vd's U = K S, and rho Vd rounded as the update's operand
+//                   (S' = e^gamma S + K^T (rho Vd)), unless prepass_exact_update (a hi + lo split there).
 struct KernelRounding {
   bool dot_state = false, exact_last_dot = false, operand_states = false, tiles = false, exact_last_vd = false;
   unsigned tile_mask = ~0u;
+  bool prepass_states = false, prepass_exact_update = false;
 };
 inline constexpr const char* kTileNames[] = {"Ag", "W", "Pg", "A_r", "Vd", "dVd", "dA_r", "X", "dP", "dU", "dM"};
 

@@ -184,18 +184,6 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
   gr.dg.assign(static_cast<size_t>(T), 0.0);
   gr.dbeta.assign(static_cast<size_t>(T), 0.0);
 
-  // Pre-pass: entering state of every chunk.
-  const int64_t num_chunks = (T + kChunk - 1) / kChunk;
-  std::vector<Mat> entering;
-  entering.reserve(static_cast<size_t>(num_chunks));
-  Mat S = h.s0.size() == kv ? h.s0 : Mat(kv, 0.0);
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const int64_t t0 = c * kChunk;
-    const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    entering.push_back(S);
-    S = next_state(recompute(h, nullptr, t0, n, S), S, Kd, Vd);
-  }
-
   auto to_bf16 = [](double x) {
     return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x))));
   };
@@ -210,6 +198,31 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     return storage;
   };
   auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
+
+  // Pre-pass: entering state of every chunk (with prepass_states, v4's operand roundings).
+  const int64_t num_chunks = (T + kChunk - 1) / kChunk;
+  std::vector<Mat> entering;
+  entering.reserve(static_cast<size_t>(num_chunks));
+  Mat S = h.s0.size() == kv ? h.s0 : Mat(kv, 0.0);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t t0 = c * kChunk;
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
+    entering.push_back(S);
+    if (!rounding.prepass_states) {
+      S = next_state(recompute(h, nullptr, t0, n, S), S, Kd, Vd);
+      continue;
+    }
+    Mat S_r;
+    const ChunkFwd cf = recompute(h, nullptr, t0, n, rounded(true, S, S_r));
+    Mat rv = cf.Vd;  // [n,V] rho Vd, the update's operand
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < Vd; ++j) rv[i * Vd + j] *= cf.rho[i];
+    round_in_place(!rounding.prepass_exact_update, rv);
+    Mat Sn = mm_tn(cf.K, rv, n, Kd, Vd);
+    const double eg = std::exp(cf.gamma);
+    for (size_t i = 0; i < Sn.size(); ++i) Sn[i] += eg * S[i];
+    S = std::move(Sn);
+  }
 
   Mat dS = d_sT.size() == kv ? d_sT : Mat(kv, 0.0);
   for (int64_t ci = num_chunks - 1; ci >= 0; --ci) {
