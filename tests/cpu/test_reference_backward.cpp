@@ -802,6 +802,20 @@ TEST(ReferenceBackward, KernelRoundingEmulation) {
       EXPECT_GT(rel_l2(*got, *want), 1e-6) << name;
       EXPECT_LT(rel_l2(*got, *want), 5e-2) << name;
     }
+    // The pre-pass's roundings reach only the states entering chunks 1, 2, ...
+    const bwd::HeadGrads pre = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.prepass_states = true});
+    const bwd::HeadGrads hilo =
+        bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.prepass_states = true, .prepass_exact_update = true});
+    if (T <= reference::kChunk) {
+      EXPECT_EQ(pre.dg, exact.dg);
+      EXPECT_EQ(hilo.dk, exact.dk);
+    } else {
+      for (const bwd::HeadGrads* g : {&pre, &hilo}) {
+        EXPECT_GT(rel_l2(g->dg, exact.dg), 0.0);
+        EXPECT_GT(rel_l2(g->dk, exact.dk), 0.0);
+        EXPECT_LT(rel_l2(g->dk, exact.dk), 1e-2);
+      }
+    }
   }
 }
 
