@@ -20,7 +20,8 @@
 //   [qk_grads]         dq, dk: group sums over v-heads, L2-norm backward, cast (with the L2
 //                      norm, or where the gradient pass does not sum the groups)
 //   [zero_grad_padding]  only in varlen mode, unless the host copy of cu_seqlens shows no padding:
-//                        dv, dg, dbeta of tokens past cu_seqlens[N]
+//                        dv, dg, dbeta of tokens past cu_seqlens[N] (and dq, dk where no qk_grads
+//                        pass runs)
 // Shard phases (ShardPhase, always with CP): kMaps = chunk_inverse, the windows, the forward state
 // pass, the dS* pass (the first segment's too) and cp_grad_shard_maps (D); kFinish = the forward
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
