@@ -6,6 +6,9 @@ for the aux group and state group 0, and the chunk step (top of chunk c to top o
 ("gates, barrier", "Ag"). In a timeline build v3 spills a little (h200_check reports it).
 
     FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--kernels ws,rs,inv] [--out DIR]
+
+With --backward, the backward's gradient pass instead (backward_grads.cuh, no CP): per stage the median
+cycles over the items 2..126 of CTA 0, for each warpgroup, and the item step (top to next top).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ if importlib.util.find_spec("flashgdn") is None:
     sys.path.insert(0, str(ROOT / "python"))
 from flashgdn.bench.inputs import make_inputs  # noqa: E402
 from flashgdn.bench.timing import git_commit  # noqa: E402
-from flashgdn.ops import TIMELINE_SHAPE, forward_into, set_timeline  # noqa: E402
+from flashgdn.ops import TIMELINE_SHAPE, backward_into, forward_into, set_timeline  # noqa: E402
 
 CONFIGS = [([32768], 2, 8), ([8192] * 4, 16, 32), ([1024] * 8, 16, 16)]
 # Phases: (name, from event, to event) of each role (timeline.cuh). v4's TMA-fed aux group: "wait slot
@@ -41,6 +44,45 @@ STATE_INV = [("wait ready", 0, 1), ("U, QS", 1, 7), ("W", 7, 8), ("Ag half", 8, 
              ("Vd epilogue, barrier, issue update", 2, 3), ("update (+P Vd)", 3, 4), ("epilogue, o, barrier", 4, 5)]
 KERNELS = {"ws": (3, AUX, STATE), "rs": (4, AUX, STATE), "inv": (5, AUX_INV, STATE_INV)}
 FIRST = 8  # skip the pipeline's start
+# The gradient pass (timeline.cuh's backward events); group_sums' wait (8) only on a group's later v-heads.
+BACKWARD_CONFIGS = [([1024] * 8, 16, 32), ([8192] * 4, 8, 16), ([8192] * 4, 16, 16)]
+GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("C: dW, dPg, dAg", 3, 4),
+         ("C: epilogue, dQ_a, dK_a", 4, 5), ("D: X, Y, KK", 5, 6), ("E: wgmmas", 6, 7), ("E: sums, stores", 7, 9),
+         ("dg, dbeta", 9, 10)]
+
+
+def grads_phases(row):
+    """Median cycles of each stage over the CTA's items 2..126 and the item step; group_sums' wait
+    over the items that have one."""
+    items = [i for i in range(2, TIMELINE_SHAPE[1] - 1) if row[i, 0] > 0 and row[i + 1, 0] > 0]
+    out = {name: statistics.median(int(row[i, b] - row[i, a]) for i in items) for name, a, b in GRADS}
+    waits = [int(row[i, 8] - row[i, 7]) for i in items if row[i, 8] > 0]
+    if waits:
+        out["E: running sum waited"] = statistics.median(waits)
+    out["item step"] = statistics.median(int(row[i + 1, 0] - row[i, 0]) for i in items)
+    return out
+
+
+def backward(path: pathlib.Path, buffer: torch.Tensor) -> None:
+    lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
+    for lengths, hqk, hv in BACKWARD_CONFIGS:
+        inp = make_inputs(lengths, hqk, hv, backward=True)
+        x = inp["x"]
+        label = f"{len(lengths)}x{lengths[0]}"
+        grads = [torch.empty_like(x[n]) for n in ("q", "k", "v")] + [torch.empty_like(x["g"]),
+                                                                     torch.empty_like(x["beta"]),
+                                                                     torch.empty_like(x["initial_state"])]
+        buffer.zero_()
+        backward_into(*grads, x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"],
+                      inp["cu"], inp["scale"], False, False, inp["cu_cpu"], 1)
+        torch.cuda.synchronize()
+        data = buffer.cpu()
+        for role in (0, 1):
+            result = grads_phases(data[role])
+            print(f"{label} ({hqk},{hv}) grads group {role}: " +
+                  ", ".join(f"{phase} {cycles:.0f}" for phase, cycles in result.items()), flush=True)
+            lines += [f"{label},{hqk},{hv},grads,group{role},{phase},{cycles:.0f}" for phase, cycles in result.items()]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def phases(row, table, done_event):
@@ -69,11 +111,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated names of KERNELS")
+    parser.add_argument("--backward", action="store_true", help="the backward's gradient pass instead")
     args = parser.parse_args()
-    path = pathlib.Path(args.out) / f"{datetime.date.today()}_timeline_{git_commit()}.csv"
+    kind = "timeline_backward" if args.backward else "timeline"
+    path = pathlib.Path(args.out) / f"{datetime.date.today()}_{kind}_{git_commit()}.csv"
     lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
     buffer = torch.zeros(TIMELINE_SHAPE, dtype=torch.int64, device="cuda")
     set_timeline(buffer)
+    if args.backward:
+        backward(path, buffer)
+        set_timeline(None)
+        print(f"wrote {path}")
+        return
     for lengths, hqk, hv in CONFIGS:
         inp = make_inputs(lengths, hqk, hv)
         x = inp["x"]

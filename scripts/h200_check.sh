@@ -29,7 +29,8 @@
 #   "--ranking-weight 100"), CP_SWEEPS (cp: the sweeps to run after the refit, default "fwd", the
 #   full auto/off sweep; "splits" / "bwd": the forward's / backward's split scans again, which the
 #   fits have just timed: their logs give the refit planner's choice against the best cut), TIMELINE=1 (every
-#   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call),
+#   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call;
+#   TIMELINE_ARGS: its arguments, e.g. --backward for the gradient pass's stages),
 #   EXTRA (every mode but stage, dist and bench: a command run on the build before the profile and timeline,
 #   its log extra.log, e.g. "python3 bench/kernel_breakdown.py")
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
@@ -98,7 +99,7 @@ timeline() {  # a measurement build (FLASHGDN_TIMELINE, build-timeline) and benc
   note "timeline build rc=$rc in $(( $(date +%s) - start )) s; spill warnings (the marks' cost): $(grep -cE "Registers are spilled" "$OUT/build_timeline.log")"
   if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build_timeline.log" | head -30; return 1; fi
   FLASHGDN_LIBRARY=$PWD/build-timeline/libflashgdn_c.so PYTHONPATH=$PWD/python timeout 300 python3 bench/timeline.py \
-    --out "$OUT" >"$OUT/timeline.log" 2>&1
+    --out "$OUT" ${TIMELINE_ARGS:-} >"$OUT/timeline.log" 2>&1
   rc=$?
   note "timeline rc=$rc"
   tail -n 12 "$OUT/timeline.log"

@@ -237,11 +237,13 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
                            "backward_ds_pass");
       !s.ok())
     return s;
+  p.timeline = timeline_buffer();  // the gradient pass alone marks its stages (FLASHGDN_TIMELINE builds)
   if (auto s = cuda_status(bf16 ? kern::launch_backward_grads<kern::ElemKind::kBF16>(bp, num_sms(), stream)
                                 : kern::launch_backward_grads<kern::ElemKind::kF16>(bp, num_sms(), stream),
                            "backward_grads");
       !s.ok())
     return s;
+  p.timeline = nullptr;
   if (!bp.direct_qk && !bp.group_sums) {
     if (auto s = cuda_status(bf16 ? kern::launch_qk_grads<kern::ElemKind::kBF16>(bp, stream)
                                   : kern::launch_qk_grads<kern::ElemKind::kF16>(bp, stream),

@@ -316,6 +316,8 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
   return {};
 }
 
+unsigned long long* timeline_buffer() { return g_timeline; }
+
 Status set_timeline(void* device_buffer) {
 #ifdef FLASHGDN_TIMELINE
   g_timeline = static_cast<unsigned long long*>(device_buffer);

@@ -118,7 +118,9 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
 
 // FLASHGDN_TIMELINE builds: the device buffer, uint64 [2][kern::kTimelineChunks][kern::kTimelineEvents]
 // (kernels/sm90/timeline.cuh), that forward_with's warp-specialized kernels record into from now on
-// (null: none). Other builds: kNotSupported.
+// (null: none), and the backward's gradient pass too. Other builds: kNotSupported.
 Status set_timeline(void* device_buffer);
+// The buffer set_timeline took (null: none).
+unsigned long long* timeline_buffer();
 
 }  // namespace flashgdn::detail

@@ -56,6 +56,7 @@
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -332,6 +333,7 @@ struct BackwardGrads {
     const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    timeline_mark(p, group, it.ordinal, 0);
     const float scale = p.scale;
     const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
     const int rows = it.rows, h = it.h;
@@ -351,6 +353,7 @@ struct BackwardGrads {
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
+    timeline_mark(p, group, it.ordinal, 1);
     if (rows < kChunk) zero_rows(s, rows);
     wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
@@ -385,6 +388,7 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    timeline_mark(p, group, it.ordinal, 2);
 
     // ── Stage B: Vd, dVd, a ────────────────────────────────────────────────────────────────────
     float* dgs = s.dgs_part[warp];
@@ -421,6 +425,7 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    timeline_mark(p, group, it.ordinal, 3);
 
     // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
@@ -451,6 +456,7 @@ struct BackwardGrads {
       }
       wg::commit();
       wg::wait<1>();  // dW, dPg, dAg done; dQ_a, dK_a still running
+      timeline_mark(p, group, it.ordinal, 4);
       wg::fence_operand(dw);
       wg::fence_operand(dpg);
       wg::fence_operand(dag);
@@ -528,6 +534,7 @@ struct BackwardGrads {
     // the previous item's running-sum stores (long done by now: a cheap fence) before the bulk copies
     if (add_partial) tma::fence_global_to_async();
     __syncthreads();
+    timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
       Item next = find_item(bp, next_index(bp, it.index));
       next.ordinal = it.ordinal + 1;
@@ -573,6 +580,7 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    timeline_mark(p, group, it.ordinal, 6);
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
     {
@@ -598,6 +606,7 @@ struct BackwardGrads {
       wg::fence_operand(dq);
       wg::fence_operand(dk);
       wg::fence_operand(dk_rest);
+      timeline_mark(p, group, it.ordinal, 7);
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
       if (threadIdx.x == kIssuer) {
@@ -610,6 +619,7 @@ struct BackwardGrads {
     if (add_partial) {  // the group's running sum, staged in shared memory
       tma::wait(&s.partial, partial_phase);
       partial_phase ^= 1;
+      timeline_mark(p, group, it.ordinal, 8);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -660,6 +670,7 @@ struct BackwardGrads {
           *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
       }
+    timeline_mark(p, group, it.ordinal, 9);
     const Item next = s.next;
     if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
 
@@ -704,6 +715,7 @@ struct BackwardGrads {
         }
       }
     }
+    timeline_mark(p, group, it.ordinal, 10);
   }
 
   static __device__ __forceinline__ float2 unpack(uint32_t x) {

@@ -10,7 +10,11 @@
 // passed). v4 and v5, both roles, in chunk 0's row: 10 item start, 11 item end (the last chunk's o and
 // the final state stored for the state groups); in chunk 1's row, the item start's steps: aux 10
 // lookups and barriers initialised, 11 chunk 0's loads issued; state 11 initial state loaded.
-// bench/timeline.py reads them.
+// The backward's gradient pass (backward_grads.cuh) uses the same buffer: thread 0 of warpgroup g
+// (role g) of CTA 0 marks its items (row = the CTA's item ordinal): 0 top, 1 load sets waited,
+// 2 stage A done (barrier), 3 B done, 4 C's first commit group waited, 5 C done, 6 D done, 7 E's
+// wgmmas waited, 8 group_sums' running sum waited, 9 stores issued, 10 item end.
+// bench/timeline.py reads them (--backward for the gradient pass).
 #pragma once
 
 #include "kernels/sm90/params.h"
