@@ -129,7 +129,7 @@ struct BackwardDsPass {
     uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 x = Rs::unpack_pair(words[i]);
+      const float2 x = unpack_pair<Elem>(words[i]);
       words[i] = pack_pair<Elem>(factor * x.x, factor * x.y);
     }
     *reinterpret_cast<uint4*>(to) = unit;
@@ -161,7 +161,7 @@ struct BackwardDsPass {
       uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float2 x = Rs::unpack_pair(words[w]);
+        const float2 x = unpack_pair<Elem>(words[w]);
         words[w] = pack_pair<Elem>(-exp2_approx(gcum[col0 + 2 * w]) * x.x, -exp2_approx(gcum[col0 + 2 * w + 1]) * x.y);
       }
       *reinterpret_cast<uint4*>(slot.ag + at) = unit;
@@ -185,7 +185,7 @@ struct BackwardDsPass {
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float2 x = Rs::unpack_pair(pairs[2 * j + e / 2]);
+        const float2 x = unpack_pair<Elem>(pairs[2 * j + e / 2]);
         dot += x.x * dt[4 * j + e] + x.y * dt[4 * j + e + 1];
       }
     return dot;

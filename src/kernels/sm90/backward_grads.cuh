@@ -137,7 +137,7 @@ struct BackwardGrads {
       uint32_t r[4];
       ldmatrix_x4(r, Tiles::fragment_rows(const_cast<unsigned char*>(panel), 0, j0 + j));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack(r[m]));
+      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack_pair<Elem>(r[m]));
     }
   }
   // value(j, e) of an m64nN accumulator -> a 64-column panel at column blocks j0 .. (stmatrix_x4).
@@ -716,13 +716,6 @@ struct BackwardGrads {
       }
     }
     timeline_mark(p, group, it.ordinal, 10);
-  }
-
-  static __device__ __forceinline__ float2 unpack(uint32_t x) {
-    if constexpr (std::is_same_v<Elem, __half>)
-      return __half22float2(*reinterpret_cast<const __half2*>(&x));
-    else
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
   }
 };
 

@@ -135,7 +135,7 @@ struct FusedForwardInv {
       for (int q = 0; q < 4; ++q) {
         const int j = 2 * ks + q / 2, x = 4 * j + 2 * (q % 2);
         const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
-        const float2 v = Rs::unpack_pair(vt[q]);
+        const float2 v = unpack_pair<Elem>(vt[q]);
         w[ks][q] = pack_pair<Elem>(v.x - exp2_approx(g.x) * u[x], v.y - exp2_approx(g.y) * u[x + 1]);
       }
     }

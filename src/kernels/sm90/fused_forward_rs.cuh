@@ -110,13 +110,6 @@ struct FusedForwardRs {
     for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(frag[ks], panel + wg::swizzled_offset(row, 16 * ks + 8 * (lane / 16)));
   }
 
-  static __device__ __forceinline__ float2 unpack_pair(uint32_t x) {
-    if constexpr (std::is_same_v<Elem, __half>)
-      return __half22float2(*reinterpret_cast<const __half2*>(&x));
-    else
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
-  }
-
   // P and -W~ of chunk c into `slot` (Ag arrived there from the chunk inverse, gated): -B~ = -Ag
   // diag(Gamma), Ag's fragments with column t scaled by -e^{g_t}. between() runs after P.
   template <typename Between>
@@ -136,7 +129,7 @@ struct FusedForwardRs {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int at = 4 * ks + 2 * (q / 2);  // columns 16 ks + 8 (q / 2) + c_lane (+ 1)
-        const float2 ag = unpack_pair(b_tilde[ks][q]);
+        const float2 ag = unpack_pair<Elem>(b_tilde[ks][q]);
         b_tilde[ks][q] = pack_pair<Elem>(-exp2_approx(g_col[at]) * ag.x, -exp2_approx(g_col[at + 1]) * ag.y);
       }
     timeline_mark(p, 0, c, 5);

@@ -174,6 +174,15 @@ __device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
   }
   return bits;
 }
+
+// The two elements of pack_pair's register, back in fp32 (x = the low half).
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  else
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
 // One 16-byte global store (st.global.v4): for values NVVM would otherwise store word by word.
 __device__ __forceinline__ void store_global_16(void* dst, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
