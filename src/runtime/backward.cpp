@@ -6,8 +6,9 @@
 //   [chunk_offsets]    only in varlen mode
 //   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it), and
 //                      for the pre-pass Ag in the input dtype and the chunks' gate records
-//   fused_forward      the register-state forward (v4) on Ag, o not written; S^T entering every
-//                      chunk into chunk_states, in the input dtype (with CP: [segment_offsets],
+//   fused_forward      the register-state forward (v4) on Ag, o not written, the state update's
+//                      operand as hi + lo; S^T entering every chunk into chunk_states, in the input
+//                      dtype (with CP: [segment_offsets],
 //                      leading windows, then the CP forward passes)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
@@ -29,9 +30,9 @@
 //
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
 // [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
-// [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; dq_heads, dk_heads
-// fp32 [B*T, Hv, 128] (unless Hv == Hqk without the L2 norm), dq_heads at least [chunks, Hqk, 2, 64,
-// 128] for group_sums' running sums.
+// [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
+// running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless Hv == Hqk without the L2
+// norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
 #include <algorithm>
 
 #include "api/validate.h"
@@ -48,6 +49,7 @@ struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
   std::size_t chunk_grad_states = 0, chunk_grad_dots = 0;
+  bool group_sums = false;  // the gradient pass sums each group's dq, dk itself (no qk_grads pass)
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
   std::size_t grad_window_chunks = 0;    // int32 [segments, Hv]
@@ -80,13 +82,20 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
   layout.chunk_grad_dots = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 8 * sizeof(float));
-  if (!direct_qk(in)) {  // dq_heads also holds group_sums' running sums: 64 KiB per (chunk, q/k head)
-    const auto heads_bytes = tokens_heads * 128 * sizeof(float);
-    const auto unit_sums_bytes = static_cast<std::size_t>(chunk_bound(in)) * s.num_qk_heads * 2 * 64 * 128 * sizeof(float);
+  // The gradient pass sums each group's dq, dk itself where its units (a q/k head's chunk) fill the
+  // GPU: that saves qk_grads' pass over Hv fp32 gradients (~11% of a backward at (16,32)). Its
+  // running sums take 64 KiB per (chunk, q/k head) in dq_heads; otherwise dq_heads, dk_heads hold
+  // every v-head's fp32 dq, dk for qk_grads.
+  layout.group_sums = !direct_qk(in) && !in.use_qk_l2norm_in_kernel &&
+                      chunk_bound(in) * s.num_qk_heads >= num_sms();
+  if (layout.group_sums) {
     layout.dq_heads = offset;
-    offset = align_up(offset + std::max(heads_bytes, unit_sums_bytes));
-    layout.dk_heads = offset;
-    offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_qk_heads * 2 * 64 * 128 * sizeof(float));
+  } else if (!direct_qk(in)) {
+    for (std::size_t* region : {&layout.dq_heads, &layout.dk_heads}) {
+      *region = offset;
+      offset = align_up(offset + tokens_heads * 128 * sizeof(float));
+    }
   }
   // The backward plans its own cut with the backward's cost model (it need not match the forward's).
   layout.cp = problem.shard_phase != ShardPhase::kNone ? decide_shard_cp(in, plan::CostModel::backward())
@@ -172,10 +181,12 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     for (int i = 0; i < 4; ++i) p.final_grad_strides[i] = problem.d_final_state.strides[i];
     p.final_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
   }
+  p.exact_state_update = true;
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
                                      FusedKernel::kRegisterState, stages);
       !s.ok())
     return s;
+  p.exact_state_update = false;
   p.inverse = ws + layout.inverse;
   p.gated_inverse = false;
 
@@ -194,13 +205,9 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   bp.dbeta = problem.dbeta.data;
   bp.dbeta_strides = row_strides(problem.dbeta);
   bp.direct_qk = direct_qk(in);
-  // The gradient pass sums each group's dq, dk itself where its units (a q/k head's chunk) fill the
-  // GPU: that saves qk_grads' pass over Hv fp32 gradients (~11% of a backward at (16,32)).
-  bp.group_sums = !bp.direct_qk && !in.use_qk_l2norm_in_kernel && p.max_chunks * in.shape.num_qk_heads >= num_sms();
-  if (!bp.direct_qk) {
-    bp.dq_heads = reinterpret_cast<float*>(ws + layout.dq_heads);
-    bp.dk_heads = reinterpret_cast<float*>(ws + layout.dk_heads);
-  }
+  bp.group_sums = layout.group_sums;
+  if (!bp.direct_qk) bp.dq_heads = reinterpret_cast<float*>(ws + layout.dq_heads);
+  if (!bp.direct_qk && !bp.group_sums) bp.dk_heads = reinterpret_cast<float*>(ws + layout.dk_heads);
   bp.dq = problem.dq.data;
   bp.dk = problem.dk.data;
   bp.dq_strides = row_strides(problem.dq);

@@ -15,11 +15,11 @@
 // units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
 // dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
 // columns swizzled by row), which the next v-head's item brings back by bulk TMA into tiles its own
-// stages have retired (dq: Vd, dVd after stage C; dk: dU and Pg, dP after stage E) and adds; the
+// stages have retired (dq: Vd, dVd after stage C; dk: A_r, Pg, dA_r after D, dP after E) and adds; the
 // group's last v-head writes dq, dk in q's dtype.
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
-// [128][128]; Ag (then dM), A_r, Pg (then X), dP, dA_r [64][64]; Vd, dVd, dU [64][128]; gates;
+// [128][128]; Ag (then dM), A_r, Pg (then X), dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
@@ -93,8 +93,8 @@ struct BackwardGrads {
     alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM
     alignas(1024) unsigned char ar[kSquareTileBytes];
     alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
-    alignas(1024) unsigned char dp[kSquareTileBytes];
     alignas(1024) unsigned char dar[kSquareTileBytes];
+    alignas(1024) unsigned char dp[kSquareTileBytes];
     alignas(1024) unsigned char vd[kTokenTileBytes];
     alignas(1024) unsigned char dvd[kTokenTileBytes];
     alignas(1024) unsigned char du[kTokenTileBytes];
@@ -245,23 +245,25 @@ struct BackwardGrads {
   static __device__ __forceinline__ int partial_offset(int row, int col) {  // col even
     return row * kHeadDim + 2 * ((col / 2) ^ (4 * (row % 4)));
   }
-  // The staged copy (bulk TMA into retired tiles): dq in Vd, dVd; dk's rows 0..31 in dU, 32..63 in Pg, dP.
+  // The staged copy (bulk TMA into retired tiles, 8 KiB a [16][128] block): dq in Vd, dVd (after
+  // stage C); dk's rows 0..47 in A_r, Pg, dA_r (after stage D), rows 48..63 in dP (after stage E).
+  static constexpr uint32_t kPartialBlockBytes = kPartialBytes / 4;
   static __device__ __forceinline__ void issue_partial_dq(const BackwardParams& bp, SharedStorage& s, const Item& it) {
     static_assert(offsetof(SharedStorage, dvd) == offsetof(SharedStorage, vd) + kTokenTileBytes, "Vd, dVd adjacent");
     tma::arrive_expect_bytes(&s.partial, 2 * kPartialBytes);
     tma::load_bulk(s.vd, unit_partial(bp, it), kPartialBytes, &s.partial);
   }
-  static __device__ __forceinline__ void issue_partial_dk(const BackwardParams& bp, SharedStorage& s, const Item& it) {
-    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, pg) + kSquareTileBytes, "Pg, dP adjacent");
-    static_assert(kTokenTileBytes == kPartialBytes / 2 && 2 * kSquareTileBytes == kPartialBytes / 2, "half of dk each");
+  static __device__ __forceinline__ void issue_partial_dk(const BackwardParams& bp, SharedStorage& s, const Item& it,
+                                                          int first_block, int end_block) {
+    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, ar) + 3 * kSquareTileBytes &&
+                      kSquareTileBytes == kPartialBlockBytes,
+                  "A_r, Pg, dA_r, dP back to back, 16 rows of the fp32 sum each");
     const float* dk = unit_partial(bp, it) + kChunk * kHeadDim;
-    tma::load_bulk(s.du, dk, kPartialBytes / 2, &s.partial);
-    tma::load_bulk(s.pg, dk + kChunk * kHeadDim / 2, kPartialBytes / 2, &s.partial);
+    tma::load_bulk(s.ar + first_block * kPartialBlockBytes, dk + first_block * (kChunk / 4) * kHeadDim,
+                   (end_block - first_block) * kPartialBlockBytes, &s.partial);
   }
   static __device__ __forceinline__ float2 staged_partial(const SharedStorage& s, bool is_k, int row, int col) {
-    const unsigned char* base = !is_k ? s.vd : row < kChunk / 2 ? s.du : s.pg;
-    const int r = is_k ? row % (kChunk / 2) : row;
-    return *reinterpret_cast<const float2*>(base + 4 * partial_offset(r, col));
+    return *reinterpret_cast<const float2*>((is_k ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
   // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
@@ -536,11 +538,11 @@ struct BackwardGrads {
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
+      if (add_partial) issue_partial_dq(bp, s, it);  // Vd, dVd are retired; ahead of the 64 KiB early set
       Item next = find_item(bp, next_index(bp, it.index));
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
-      if (add_partial) issue_partial_dq(bp, s, it);  // Vd, dVd are retired
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
@@ -580,6 +582,7 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    if (threadIdx.x == kIssuer && add_partial) issue_partial_dk(bp, s, it, 0, 3);  // A_r, Pg (X), dA_r are retired
     timeline_mark(p, group, it.ordinal, 6);
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
@@ -610,8 +613,8 @@ struct BackwardGrads {
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
       if (threadIdx.x == kIssuer) {
+        if (add_partial) issue_partial_dk(bp, s, it, 3, 4);  // dP is retired; ahead of the 72 KiB late set
         if (s.next.valid) issue_late(p, maps, s, s.next);
-        if (add_partial) issue_partial_dk(bp, s, it);  // dU, Pg, dP are retired
       }
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];

@@ -254,7 +254,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
+      Rs::template finish_chunk<kWithO, false>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
                                         vd, o, [] {
                                           if constexpr (kWithO) {
                                             wg::fence_shared_to_async();

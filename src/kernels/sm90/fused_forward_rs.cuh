@@ -31,7 +31,8 @@
 //                        + S^T[64,128] @ (-W~)^T (RS, 8)
 //           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
 //           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
-//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B)
+//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B); with p.exact_state_update
+//                  (the backward's pre-pass, no o) 4 more with the operand's low part
 //           O^T += Vd^T @ P^T (RS, 4; o only)                          -- chunk c-1's o leaves
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
@@ -335,12 +336,13 @@ struct FusedForwardRs {
     uint64_t* free;
   };
 
-  // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T as A fragments, QS^T columns
+  // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T (kHiLoUpdate, without o: the
+  // low part of (rho Vd)^T, rho Vd - bf16(rho Vd), for p.exact_state_update) as A fragments, QS^T columns
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
   // fragments their registers would not fit); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
   // chunk c-1's o out under them; free; S^T's fragments, o staged, the checkpoint.
-  template <bool kWithO, typename BeforeUpdate>
+  template <bool kWithO, bool kHiLoUpdate, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const float* gcum, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -358,11 +360,15 @@ struct FusedForwardRs {
 #pragma unroll
         for (int q = 2 * half; q < 2 * half + 2; ++q) {
           const int x = 8 * ks + 2 * q;
-          vd_decayed[ks][q] = pack_pair<Elem>(rho[0] * vd[x], rho[1] * vd[x + 1]);
+          const float decayed[2] = {rho[0] * vd[x], rho[1] * vd[x + 1]};
+          vd_decayed[ks][q] = pack_pair<Elem>(decayed[0], decayed[1]);
           if constexpr (kWithO) {
             vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
             o[x] *= exp2_approx(g.x);
             o[x + 1] *= exp2_approx(g.y);
+          } else if constexpr (kHiLoUpdate) {  // the update operand's rounding error, for p.exact_state_update
+            const float2 hi = unpack_pair<Elem>(vd_decayed[ks][q]);
+            vd_plain[ks][q] = pack_pair<Elem>(decayed[0] - hi.x, decayed[1] - hi.y);
           }
         }
       }
@@ -374,6 +380,11 @@ struct FusedForwardRs {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
+    if (kHiLoUpdate && p.exact_state_update) {  // S^T += (rho Vd - hi)^T K: the operand to ~2^-16
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
+    }
     if constexpr (kWithO) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
@@ -525,7 +536,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, !kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
                            [] {});
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);

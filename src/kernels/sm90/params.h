@@ -84,6 +84,11 @@ struct ForwardParams {
   const float* final_grad = nullptr;
   int64_t final_grad_strides[4] = {0, 0, 0, 0};
   float* final_grad_dots = nullptr;
+  // The register-state forward without o (the backward's pre-pass): the state update's operand
+  // rho Vd as bf16 hi + lo (4 more wgmmas a chunk). A sequence ending in a short chunk takes its last
+  // token's dg from <dht, S> against the state entering it; the single-bf16 operand left that dot
+  // up to ~5e-2 off (bench/precision_study, KernelRounding::prepass_states).
+  bool exact_state_update = false;
 
   // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments, each
   // sequence cut into ceil(C / segment_chunks) balanced segments (locate_segment, sequence.cuh).
