@@ -59,7 +59,10 @@ def sweep(args):
         err = dg - ref
         last = err[:, -1].norm().item() / max(err.norm().item(), 1e-300)
         first = (args.T - 1) // 64 * 64  # the last chunk's first token
-        rows.append((rel_l2(dg, ref), seed, last, rel_l2(dg[:, first:], ref[:, first:])))
+        tail = err[:, first:].abs().amax(dim=1)  # [B, Hv]: the worst last-chunk error per sequence, head
+        n, h = divmod(int(tail.argmax()), tail.shape[1])
+        worst = (n, h, err[n, -1, h].item(), ref[n, -1, h].item(), ref[:, first:].pow(2).mean().sqrt().item())
+        rows.append((rel_l2(dg, ref), seed, last, rel_l2(dg[:, first:], ref[:, first:]), worst))
     errors = torch.tensor([r[0] for r in rows])
     q = torch.quantile(errors, torch.tensor([0.5, 0.9, 0.99], dtype=errors.dtype)).tolist()
     print(f"dg rel L2 over {len(rows)} seeds ({args.batch} x T {args.T}, heads {tuple(args.heads)}, {args.regime}, dht {args.dht}, "
@@ -68,8 +71,13 @@ def sweep(args):
     chunk = torch.tensor([r[3] for r in rows])
     q = torch.quantile(chunk, torch.tensor([0.5, 0.9, 0.99], dtype=chunk.dtype)).tolist()
     print(f"  the last chunk's tokens alone: median {q[0]:.2e} p90 {q[1]:.2e} p99 {q[2]:.2e} max {chunk.max().item():.2e}")
-    for e, seed, last, c in sorted(rows, reverse=True)[:5]:
+    for e, seed, last, c, _ in sorted(rows, reverse=True)[:5]:
         print(f"  seed {seed}: {e:.3e} (last token's share of the error {last:.2f}; last chunk {c:.3e})")
+    print("  worst seeds by the last chunk: (sequence, head) with the largest error there; its last token's"
+          " error and reference dg; the rms reference dg over every last chunk")
+    for e, seed, last, c, (n, h, err_t, ref_t, rms) in sorted(rows, key=lambda r: r[3], reverse=True)[:5]:
+        print(f"  seed {seed}: last chunk {c:.3e} (whole {e:.3e}): sequence {n} head {h}: error {err_t:+.3e}"
+              f" ref {ref_t:+.3e}; rms ref {rms:.3e}")
 
 
 def main():

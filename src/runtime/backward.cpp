@@ -6,9 +6,9 @@
 //   [chunk_offsets]    only in varlen mode
 //   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it), and
 //                      for the pre-pass Ag in the input dtype and the chunks' gate records
-//   fused_forward      the register-state forward (v4) on Ag, o not written, the state update's
-//                      operand as hi + lo; S^T entering every chunk into chunk_states, in the input
-//                      dtype (with CP: [segment_offsets],
+//   fused_forward      the register-state forward (v4) on Ag, o not written (with d_final_state
+//                      the state update's operand as hi + lo); S^T entering every chunk into
+//                      chunk_states, in the input dtype (with CP: [segment_offsets],
 //                      leading windows, then the CP forward passes)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
@@ -181,7 +181,9 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     for (int i = 0; i < 4; ++i) p.final_grad_strides[i] = problem.d_final_state.strides[i];
     p.final_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
   }
-  p.exact_state_update = true;
+  // The state update's operand as hi + lo where a final-state gradient is given: <dht, S> then sets
+  // the last tokens' dg (bench/notes.md, session 16: the 1-row last chunk's tail); +5-13% pre-pass.
+  p.exact_state_update = problem.d_final_state.present();
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
                                      FusedKernel::kRegisterState, stages);
       !s.ok())

@@ -14,9 +14,10 @@
 // avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
 // units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
 // dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
-// columns swizzled by row), which the next v-head's item brings back by bulk TMA into tiles its own
-// stages have retired (dq: Vd, dVd after stage C; dk: A_r, Pg, dA_r after D, dP after E) and adds; the
-// group's last v-head writes dq, dk in q's dtype.
+// columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a
+// bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages have
+// retired (dq: Vd, dVd after stage C; dk: A_r, Pg, dA_r after D, dP after E) and adds; the group's
+// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -42,7 +43,8 @@
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes
 //   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
-//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM;
+//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
+//      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
 //      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
@@ -266,6 +268,35 @@ struct BackwardGrads {
     return *reinterpret_cast<const float2*>((is_k ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
+  // The running sum staged by run_item (dq in Vd, dVd; dk rows 0..31 in dU, 32..63 in dA_r, dP) to
+  // HBM by bulk store (one bulk group: waited for its reads before stage B, in full before the next
+  // item's bulk loads of it).
+  static __device__ __forceinline__ void store_running_sum(SharedStorage& s, float* partial) {
+    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, dar) + kSquareTileBytes, "dA_r, dP adjacent");
+    tma::store_bulk(partial, s.vd, kPartialBytes);
+    tma::store_bulk(partial + kChunk * kHeadDim, s.du, kPartialBytes / 2);
+    tma::store_bulk(partial + kChunk * kHeadDim * 3 / 2, s.dar, kPartialBytes / 2);
+    tma::commit_bulk();
+  }
+
+  // Warpgroup g's named barrier (ids 1, 2; 0 is __syncthreads).
+  static __device__ __forceinline__ void group_sync(int group) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");
+  }
+  // A group's [64][64] panel (stmatrix'd, 128B-swizzled) to rows 0..rows-1 of an output whose rows
+  // are `row_stride` elements apart, in 16-byte pieces: thread t of the group writes pieces t, t + 128,
+  // ... (row v / 8, columns 8 (v % 8) ..), a warp 4 whole 128-byte row pieces an instruction.
+  static __device__ __forceinline__ void copy_out_panel(Elem* out, int64_t row_stride, const unsigned char* panel,
+                                                        int rows) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = threadIdx.x % 128 + 128 * i, row = v / 8, piece = v % 8;
+      if (row < rows)
+        *reinterpret_cast<uint4*>(out + row * row_stride + piece * 8) =
+            *reinterpret_cast<const uint4*>(panel + wg::swizzled_offset(row, piece * 8));
+    }
+  }
+
   // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
   // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
   static __device__ void zero_rows(SharedStorage& s, int rows) {
@@ -319,18 +350,20 @@ struct BackwardGrads {
     if (!first.valid) return;
     Acc32 a_r;  // A_r of the item, loaded an item ahead
     load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
-    uint32_t partial_phase = 0;  // group_sums: the staged partials' phases so far, mod 2
 #pragma unroll 1
     do {
-      run_item(bp, maps, s, a_r, partial_phase);
-      __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them
+      float* const running_sum = run_item(bp, maps, s, a_r);
+      __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them; the staged sum
+      if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
+    if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
   // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
   // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
-  static __device__ __forceinline__ void run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
-                                                  SharedStorage& s, Acc32& a_r, uint32_t& partial_phase) {
+  // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
+  static __device__ __forceinline__ float* run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
+                                                    SharedStorage& s, Acc32& a_r) {
     const Item it = s.next;
     const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -389,6 +422,7 @@ struct BackwardGrads {
       });
     }
     wg::fence_shared_to_async();
+    if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // the previous item's running sum read out of Vd, dVd, dU, dA_r, dP
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 2);
 
@@ -533,12 +567,13 @@ struct BackwardGrads {
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, -1.f);  // -rowsum(K (.) dK_a): stage E adds it back
     }
     wg::fence_shared_to_async();
-    // the previous item's running-sum stores (long done by now: a cheap fence) before the bulk copies
-    if (add_partial) tma::fence_global_to_async();
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
-      if (add_partial) issue_partial_dq(bp, s, it);  // Vd, dVd are retired; ahead of the 64 KiB early set
+      if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
+        tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
+        issue_partial_dq(bp, s, it);
+      }
       Item next = find_item(bp, next_index(bp, it.index));
       next.ordinal = it.ordinal + 1;
       s.next = next;
@@ -620,8 +655,10 @@ struct BackwardGrads {
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
     if (add_partial) {  // the group's running sum, staged in shared memory
-      tma::wait(&s.partial, partial_phase);
-      partial_phase ^= 1;
+      // the staged sums so far: every earlier unit of this CTA's (all its items valid: a unit's
+      // v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
+      const uint32_t staged = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
+      tma::wait(&s.partial, staged % 2);
       timeline_mark(p, group, it.ordinal, 8);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -633,46 +670,48 @@ struct BackwardGrads {
           dk[4 * j + e] += pk.x, dk[4 * j + e + 1] += pk.y;
         }
     }
-    if (bp.group_sums && group_rank + 1 < group_size) {  // the running sum for the group's next v-head
-      float* partial = unit_partial(bp, it);
+    if (bp.group_sums && group_rank + 1 < group_size) {
+      // The running sum for the group's next v-head, staged for run()'s bulk store: dq in place in
+      // Vd, dVd; dk's rows 0..31 in dU, 32..63 in place in dA_r, dP (each thread rewrites what it read).
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const int at = partial_offset(acc_row(e), 64 * group + acc_col(j, e));
-          *reinterpret_cast<float2*>(partial + at) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
-          *reinterpret_cast<float2*>(partial + kChunk * kHeadDim + at) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          *reinterpret_cast<float2*>(s.vd + 4 * partial_offset(row, col)) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          unsigned char* dk_rows = row < kChunk / 2 ? s.du : s.dar;
+          *reinterpret_cast<float2*>(dk_rows + 4 * partial_offset(row % (kChunk / 2), col)) =
+              make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
-    }
+      wg::fence_shared_to_async();  // for the bulk store after run()'s barrier
+    } else if (bp.direct_qk || bp.group_sums) {
+      // dq, dk in q's dtype (h is its own q/k head, or the group's last v-head writes the sums):
+      // panel g staged in dU (dq) and Vd (dk), then written in 16-byte row pieces.
+      if (add_partial) __syncthreads();  // every thread's reads of the staged sum (Vd, dVd, A_r .. dP) done
+      unsigned char* dq_panel = s.du + group * kPanelBytes;
+      unsigned char* dk_panel = s.vd + group * kPanelBytes;
+      store_panel<64>(dq_panel, 0, [&](int j, int e) { return dq[4 * j + e]; });
+      store_panel<64>(dk_panel, 0, [&](int j, int e) { return dk[4 * j + e]; });
+      group_sync(group);
+      const int head = bp.direct_qk ? h : it.hk;
+      copy_out_panel(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
+                         head * bp.dq_strides.head + 64 * group,
+                     bp.dq_strides.token, dq_panel, rows);
+      copy_out_panel(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
+                         head * bp.dk_strides.head + 64 * group,
+                     bp.dk_strides.token, dk_panel, rows);
+    } else {  // every v-head's dq, dk in fp32, summed by qk_grads
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-        if (row >= rows) continue;
-        const int64_t t = t0 + row;
-        if (bp.direct_qk) {  // h is its own q/k head
-          store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
-                         h * bp.dq_strides.head + col,
-                     dq[4 * j + e], dq[4 * j + e + 1]);
-          store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
-                         h * bp.dk_strides.head + col,
-                     dk[4 * j + e], dk[4 * j + e + 1]);
-        } else if (bp.group_sums) {  // the group's last v-head writes the sums
-          if (group_rank + 1 == group_size) {
-            store_pair(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t * bp.dq_strides.token +
-                           it.hk * bp.dq_strides.head + col,
-                       dq[4 * j + e], dq[4 * j + e + 1]);
-            store_pair(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t * bp.dk_strides.token +
-                           it.hk * bp.dk_strides.head + col,
-                       dk[4 * j + e], dk[4 * j + e + 1]);
-          }
-        } else {
-          const int64_t out = ((b * p.seqlen + t) * p.num_v_heads + h) * kHeadDim + col;
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
+          if (row >= rows) continue;
+          const int64_t out = ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kHeadDim + col;
           *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
           *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
-      }
+    }
     timeline_mark(p, group, it.ordinal, 9);
     const Item next = s.next;
     if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
@@ -719,6 +758,7 @@ struct BackwardGrads {
       }
     }
     timeline_mark(p, group, it.ordinal, 10);
+    return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;
   }
 };
 

@@ -74,9 +74,25 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// This thread's earlier global writes ordered before later async-proxy (TMA) reads of them (with a
-// CTA barrier between this fence and the thread issuing those reads).
-__device__ __forceinline__ void fence_global_to_async() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of shared memory to contiguous global
+// memory, in this thread's current bulk group (commit_bulk closes it). The shared memory's earlier
+// generic writes need fence.proxy.async (wg::fence_shared_to_async) and a barrier before this.
+__device__ __forceinline__ void store_bulk(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_addr(src)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void commit_bulk() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most kPending of this thread's bulk groups have not read their shared memory (it may be
+// rewritten) / have not completed their global writes (visible to later loads, TMA included).
+template <int kPending>
+__device__ __forceinline__ void wait_bulk_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wait_bulk() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // The descriptor `map` fetched ahead of its first load (its fetch otherwise waits inside that load).
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
