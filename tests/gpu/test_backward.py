@@ -216,12 +216,14 @@ def test_short_lengths(seed, T):
 def test_short_last_chunk_dg(seed, T):
     """Sequences ending in a 1-row chunk: that token's dg is dominated by <dht, S>, a random-signed dot
     of 16k terms, which a bf16 S would round to ~2^-9 / |z| of its size; the pre-pass takes that dot
-    with S in fp32. Its relative error is heavy-tailed per sequence (|z| near 0; the forward's own
-    state error in dht's direction remains): on the H200, 100 seeds of 8 sequences x 2 v-heads gave
-    the last chunk's dg rel L2 median 2.5e-3 / 2.7e-3 (T = 129 / 65), p99 9.1e-3 / 1.1e-2, max
-    9.6e-3 / 4.9e-2 (bench/dg_error_locate.py --sweep 100 --batch 8 --heads 1 2 --h0 --dht). Pooled
-    over 64 sequences the small-|z| ones weigh little, so 1e-2 holds the typical error with margin
-    while a grossly wrong last chunk (a bf16 x bf16 dot gave 5e-2 on one sequence) still fails."""
+    with S in fp32, its state updates with their operand as bf16 hi + lo. On the H200, 100 seeds of 8
+    sequences x 2 v-heads gave the last chunk's dg rel L2 median 1.8e-3 / 1.7e-3 (T = 129 / 65), p99
+    2.9e-3 / 5.2e-3 (with one bf16 operand: p99 9.1e-3 / 1.1e-2, max 9.6e-3 / 4.9e-2;
+    bench/dg_error_locate.py --sweep 100 --batch 8 --heads 1 2 --h0 --dht). Where both heads' drawn
+    gates are strong the last tokens' dg can be tiny (seed 91 at T 65: rms 1.6e-5 over every last
+    chunk, an error of 2.3e-6 there, 5e-2 relative, while the whole dg was within 1.2e-3): not this
+    test's concern, so the error is taken relative to at least the rms dg of the whole call. Pooled over 64 sequences, 5e-3 fails a grossly wrong last chunk
+    (a bf16 x bf16 dot gave 5e-2 on one sequence)."""
     x = make_inputs(64, T, 1, 2, regime="model")
     do, dht = upstream(x)
     grads = run_poisoned(x, do, dht)
@@ -229,9 +231,11 @@ def test_short_last_chunk_dg(seed, T):
     want = backward_f64(*(x[n] for n in ("q", "k", "v", "g", "beta")), x["q"].shape[-1] ** -0.5, do, dht,
                         x["initial_state"], None, False, False)[3]
     last = (T - 1) // 64 * 64  # the last chunk's first token
-    err = rel_l2(grads["dg"][:, last:], want[:, last:])
-    print(f"last chunk dg rel L2 {err:.2e}")
-    assert err < 1e-2, f"the last chunk's dg: rel L2 {err:.2e} > 1e-2"
+    got_last, want_last = grads["dg"][:, last:].double(), want[:, last:]
+    floor = want.norm().item() * (want_last.numel() / want.numel()) ** 0.5
+    err = (got_last - want_last).norm().item() / max(want_last.norm().item(), floor)
+    print(f"last chunk dg error {err:.2e} (rel L2 {rel_l2(got_last, want_last):.2e})")
+    assert err < 5e-3, f"the last chunk's dg: error {err:.2e} > 5e-3"
 
 
 def test_state_v_first(seed):

@@ -32,7 +32,7 @@
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
 //      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
 //      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
-//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM), dU = -Gamma dW -> dU
+//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM, staged in V's panel g), dU = -Gamma dW -> dU
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
@@ -80,7 +80,7 @@ struct BackwardGrads {
 
   // One work item: chunk `chunk_id` of v-head h (index = chunk_id * Hv + h).
   struct Item {
-    int64_t index, b, t0, chunk_id;
+    int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
     int rows, h, hk;
     uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
     bool valid;
@@ -182,22 +182,29 @@ struct BackwardGrads {
   }
 
   // The first valid item at `index` or after it (next_index; varlen grids have chunk ids past the
-  // last sequence's chunks: the last items).
-  static __device__ Item find_item(const BackwardParams& bp, int64_t index) {
+  // last sequence's chunks: the last items). `from`: this CTA's current item (or invalid), whose chunk
+  // is at or before index's: the same chunk (group_sums' next v-head) needs no lookup, a later one
+  // walks on from its sequence (locate_chunk_after).
+  static __device__ Item find_item(const BackwardParams& bp, int64_t index, const Item& from) {
     const ForwardParams& p = bp.fwd;
     Item it{};
     for (const int64_t total = p.max_chunks * p.num_v_heads; index < total; index = next_index(bp, index)) {
-      ChunkLocation where;
       const int64_t chunk_id = index / p.num_v_heads;
-      if (!locate_chunk(p, chunk_id, where)) continue;
+      if (from.valid && chunk_id == from.chunk_id) {
+        it = from;
+      } else {
+        ChunkLocation where;
+        if (!(from.valid ? locate_chunk_after(p, chunk_id, from.seq, where) : locate_chunk(p, chunk_id, where))) continue;
+        it.chunk_id = chunk_id;
+        it.seq = where.seq_index;
+        it.b = where.seq.batch;
+        it.t0 = where.first_token;
+        it.rows = where.rows;
+        it.valid = true;
+      }
       it.index = index;
-      it.chunk_id = chunk_id;
       it.h = static_cast<int>(index % p.num_v_heads);
       it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
-      it.b = where.seq.batch;
-      it.t0 = where.first_token;
-      it.rows = where.rows;
-      it.valid = true;
       return it;
     }
     return it;
@@ -339,7 +346,7 @@ struct BackwardGrads {
       tma::barrier_init(&s.late, 1);
       tma::barrier_init(&s.partial, 1);
       tma::fence_barrier_init();
-      s.next = find_item(bp, first_index(bp));
+      s.next = find_item(bp, first_index(bp), Item{});
       if (s.next.valid) {
         issue_early(maps, s, s.next, p.num_v_heads);
         issue_late(p, maps, s, s.next);
@@ -496,20 +503,17 @@ struct BackwardGrads {
       wg::fence_operand(dw);
       wg::fence_operand(dpg);
       wg::fence_operand(dag);
-      // dv = dW (valid rows), dU = -Gamma dW
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-          const float x0 = dw[4 * j + e], x1 = dw[4 * j + e + 1];
-          if (row < rows)
-            store_pair(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + (t0 + row) * bp.dv_strides.token +
-                           h * bp.dv_strides.head + col,
-                       x0, x1);
-        }
+      // dv = dW (valid rows) staged in W's panel g (both groups' dAg have read W: V's tile is free until
+      // the next item's early set), then 16-byte row pieces; dU = -Gamma dW
+      __syncthreads();
+      unsigned char* dv_panel = s.v + group * kPanelBytes;
+      store_panel<64>(dv_panel, 0, [&](int j, int e) { return dw[4 * j + e]; });
       store_panel<64>(s.du + group * kPanelBytes, 0,
                       [&](int j, int e) { return -exp2_approx(row_gate[e / 2]) * dw[4 * j + e]; });
+      group_sync(group);
+      copy_out_panel(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
+                         h * bp.dv_strides.head + 64 * group,
+                     bp.dv_strides.token, dv_panel, rows);
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..
       float row_e[2] = {0.f, 0.f};
 #pragma unroll
@@ -574,7 +578,7 @@ struct BackwardGrads {
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
       }
-      Item next = find_item(bp, next_index(bp, it.index));
+      Item next = find_item(bp, next_index(bp, it.index), it);
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);

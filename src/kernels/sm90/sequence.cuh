@@ -32,9 +32,20 @@ __device__ __forceinline__ int64_t first_chunk(const ForwardParams& p, int64_t n
 
 struct ChunkLocation {
   SequenceBounds seq;
+  int64_t seq_index;    // n: the sequence (varlen) or batch entry
   int64_t first_token;  // token index (within the batch entry) of the chunk's row 0
   int rows;             // valid rows, 1..64
 };
+
+// Chunk `chunk` of sequence `seq`.
+__device__ __forceinline__ void set_chunk_location(const ForwardParams& p, int64_t seq, int64_t chunk,
+                                                   ChunkLocation& where) {
+  where.seq = sequence_bounds(p, seq);
+  where.seq_index = seq;
+  where.first_token = where.seq.bos + chunk * kChunk;
+  const int64_t left = where.seq.eos - where.first_token;
+  where.rows = static_cast<int>(left < kChunk ? left : kChunk);
+}
 
 // Global chunk id -> (sequence, chunk); false when the id is past the last chunk (the launch grid
 // is an upper bound when the host has no copy of cu_seqlens).
@@ -56,10 +67,20 @@ __device__ __forceinline__ bool locate_chunk(const ForwardParams& p, int64_t chu
     seq = lo;
     chunk = chunk_id - p.chunk_offsets[seq];
   }
-  where.seq = sequence_bounds(p, seq);
-  where.first_token = where.seq.bos + chunk * kChunk;
-  const int64_t left = where.seq.eos - where.first_token;
-  where.rows = static_cast<int>(left < kChunk ? left : kChunk);
+  set_chunk_location(p, seq, chunk, where);
+  return true;
+}
+
+// locate_chunk for a chunk id at or past one of sequence `seq_hint` (a persistent CTA's ascending
+// items): in varlen mode a walk over the sequences from there, typically no step or one, where the
+// binary search takes log2(num_seqs) dependent loads.
+__device__ __forceinline__ bool locate_chunk_after(const ForwardParams& p, int64_t chunk_id, int64_t seq_hint,
+                                                   ChunkLocation& where) {
+  if (p.cu_seqlens == nullptr) return locate_chunk(p, chunk_id, where);
+  if (chunk_id >= p.chunk_offsets[p.num_seqs]) return false;
+  int64_t seq = seq_hint;
+  while (p.chunk_offsets[seq + 1] <= chunk_id) ++seq;
+  set_chunk_location(p, seq, chunk_id - p.chunk_offsets[seq], where);
   return true;
 }
 
