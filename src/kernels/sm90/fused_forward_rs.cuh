@@ -310,23 +310,6 @@ struct FusedForwardRs {
       for (int q = 0; q < 4; ++q) frag[ks][q] = pack_pair<Elem>(acc[8 * ks + 2 * q], acc[8 * ks + 2 * q + 1]);
   }
 
-  // An m64n64 accumulator [64 rows, 64 columns] -> a panel with rows = its columns (stmatrix.trans:
-  // matrix (row half m % 2, column block j + m / 2) lands as 8 rows of 8 consecutive elements).
-  template <typename F>
-  static __device__ __forceinline__ void store_transposed(unsigned char* panel, F&& value) {
-    const int lane = threadIdx.x % 32, m = lane / 8, band = 16 * ((threadIdx.x / 32) % 4);
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      uint32_t regs[4];
-#pragma unroll
-      for (int mm = 0; mm < 4; ++mm) {
-        const int jj = j + mm / 2, e = 2 * (mm % 2);
-        regs[mm] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
-      }
-      stmatrix_x4_trans(panel + wg::swizzled_offset(8 * (j + m / 2) + lane % 8, band + 8 * (m % 2)), regs);
-    }
-  }
-
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
   // fused_forward_inv.cuh): the slot's K and P tiles, the o staging pair and the slot's free barrier.
   struct ChunkEnd {
@@ -402,7 +385,9 @@ struct FusedForwardRs {
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     to_fragments<8>(st, st_frag);
-    if constexpr (kWithO) store_transposed(at.o[c & 1] + group * kPanelBytes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
+    if constexpr (kWithO)
+      Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
+                                           [&](int j, int e) { return p.scale * o[4 * j + e]; });
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
     if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done

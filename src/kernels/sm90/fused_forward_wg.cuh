@@ -143,6 +143,25 @@ struct FusedForwardWg {
     }
   }
 
+  // An m64nN accumulator (element 4 j + e = value(j, e)) transposed -> Elem rows row0 .. row0 + N - 1
+  // of a panel (accumulator column c to row row0 + c, accumulator row r to column r), by
+  // stmatrix_x4.trans: matrix m of a call holds column block j + m / 2 of row band 16 w + 8 (m % 2)
+  // (w: the warp in its group).
+  template <int kN, typename F>
+  static __device__ __forceinline__ void store_transposed(unsigned char* panel, int row0, F&& value) {
+    const int lane = threadIdx.x % 32, m = lane / 8, band = 16 * ((threadIdx.x / 32) % 4);
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t regs[4];
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) {
+        const int jj = j + mm / 2, e = 2 * (mm % 2);
+        regs[mm] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
+      }
+      stmatrix_x4_trans(panel + wg::swizzled_offset(row0 + 8 * (j + m / 2) + lane % 8, band + 8 * (m % 2)), regs);
+    }
+  }
+
   // Columns col0 .. col0 + 63 of the state entering the item: the identity (a CP transition), zero,
   // or the given initial state.
   static __device__ void load_initial_state(const WorkItem& item, int col0, Acc (&state)[2]) {
@@ -190,12 +209,17 @@ struct FusedForwardWg {
   // 8 (v % 8) ..): a warp writes four whole 128-byte row segments per step.
   static __device__ void copy_out(const ForwardParams& p, const unsigned char* panel, int64_t b, int64_t t0, int rows,
                                   int h, int col0) {
-    Elem* o_rows = static_cast<Elem*>(p.o) + b * p.o_strides.batch + t0 * p.o_strides.token + h * p.o_strides.head + col0;
+    copy_rows(static_cast<Elem*>(p.o) + b * p.o_strides.batch + t0 * p.o_strides.token + h * p.o_strides.head + col0,
+              p.o_strides.token, panel, rows);
+  }
+  // Rows 0 .. rows - 1 of a [64][64] panel to `out` (rows `row_stride` elements apart, 16-byte
+  // aligned), as copy_out.
+  static __device__ __forceinline__ void copy_rows(Elem* out, int64_t row_stride, const unsigned char* panel, int rows) {
 #pragma unroll
     for (int i = 0; i < kChunk * 8 / 128; ++i) {
       const int v = threadIdx.x % 128 + 128 * i, row = v / 8, vec = v % 8;
       if (row < rows)
-        *reinterpret_cast<uint4*>(o_rows + row * p.o_strides.token + vec * 8) =
+        *reinterpret_cast<uint4*>(out + row * row_stride + vec * 8) =
             *reinterpret_cast<const uint4*>(panel + wg::swizzled_offset(row, vec * 8));
     }
   }
