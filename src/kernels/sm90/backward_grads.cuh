@@ -148,11 +148,7 @@ struct BackwardGrads {
 #pragma unroll
     for (int j = 0; j < kN / 8; j += 2) {
       uint32_t regs[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int jj = j + m / 2, e = 2 * (m % 2);
-        regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
-      }
+      Tiles::pack_x4(regs, j, value);
       stmatrix_x4(Tiles::fragment_rows(panel, 0, j0 + j), regs);
     }
   }

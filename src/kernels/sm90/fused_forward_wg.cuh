@@ -134,12 +134,18 @@ struct FusedForwardWg {
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
       uint32_t regs[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int jj = j + m / 2, e = 2 * (m % 2);
-        regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
-      }
+      pack_x4(regs, j, value);
       stmatrix_x4(fragment_rows(panel, row0, j), regs);
+    }
+  }
+  // The registers of one stmatrix_x4 at column blocks j, j + 1 (j even) of an accumulator
+  // (element 4 jj + e = value(jj, e)): matrix m holds elements 4 (j + m / 2) + 2 (m % 2) (+ 1).
+  template <typename F>
+  static __device__ __forceinline__ void pack_x4(uint32_t (&regs)[4], int j, F&& value) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int jj = j + m / 2, e = 2 * (m % 2);
+      regs[m] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
     }
   }
 
@@ -153,11 +159,7 @@ struct FusedForwardWg {
 #pragma unroll
     for (int j = 0; j < kN / 8; j += 2) {
       uint32_t regs[4];
-#pragma unroll
-      for (int mm = 0; mm < 4; ++mm) {
-        const int jj = j + mm / 2, e = 2 * (mm % 2);
-        regs[mm] = pack_pair<Elem>(value(jj, e), value(jj, e + 1));
-      }
+      pack_x4(regs, j, value);
       stmatrix_x4_trans(panel + wg::swizzled_offset(row0 + 8 * (j + m / 2) + lane % 8, band + 8 * (m % 2)), regs);
     }
   }
