@@ -33,8 +33,6 @@
 // [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
 // running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless Hv == Hqk without the L2
 // norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
-#include <algorithm>
-
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"

@@ -319,9 +319,8 @@ struct BackwardGrads {
   }
 
   // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (one warp, two rows a lane),
-  // from the per-warp partials (complete after stage E's first barrier). Issued first thing after
-  // that barrier it delayed warp 0's share of the stores, and its group's barrier before them, by
-  // its whole length (4x8192 (16,16): gradient pass +5.5%, session 16).
+  // from the per-warp partials (complete after stage E's first barrier). Called after the item's
+  // stores: before them it holds back the calling warp's share and its group's barrier.
   static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma,
                                         float dot_part) {
     const int lane = threadIdx.x % 32, rows = it.rows;
@@ -391,7 +390,7 @@ struct BackwardGrads {
 #pragma unroll 1
     do {
       float* const running_sum = run_item(bp, maps, s, a_r);
-      __syncthreads();  // warp 0's reads of the partials, before the next item zeroes them; the staged sum
+      __syncthreads();  // warp 0's reads of the partials before the next item zeroes them; the staged sum complete
       if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
     if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
