@@ -83,8 +83,13 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
       if (!p.gated_inverse || p.chunk_gates == nullptr ||
           encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
-      return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT>, p, items, 1,
-                                                             stream, maps);
+      if (p.exact_state_update) {  // the backward's pre-pass: never o
+        if (p.o != nullptr) return cudaErrorInvalidValue;
+        return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT, true>, p, items,
+                                                               1, stream, maps);
+      }
+      return launch_per_item<FusedForwardRs<Elem, InverseT>>(fused_forward_rs_kernel<Elem, InverseT, false>, p, items,
+                                                             1, stream, maps);
     }
   }
   if (p.warp_specialized)

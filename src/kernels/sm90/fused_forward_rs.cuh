@@ -31,7 +31,7 @@
 //                        + S^T[64,128] @ (-W~)^T (RS, 8)
 //           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
 //           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
-//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B); with p.exact_state_update
+//           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B); in the kExactUpdate kernel
 //                  (the backward's pre-pass, no o) 4 more with the operand's low part
 //           O^T += Vd^T @ P^T (RS, 4; o only)                          -- chunk c-1's o leaves
 //                                                                       o[(c-1) % 2] under these
@@ -319,13 +319,13 @@ struct FusedForwardRs {
     uint64_t* free;
   };
 
-  // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T (kHiLoUpdate, without o: the
-  // low part of (rho Vd)^T, rho Vd - bf16(rho Vd), for p.exact_state_update) as A fragments, QS^T columns
+  // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T (kExactUpdate, without o: the
+  // low part of (rho Vd)^T, rho Vd - bf16(rho Vd)) as A fragments, QS^T columns
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
   // fragments their registers would not fit); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
   // chunk c-1's o out under them; free; S^T's fragments, o staged, the checkpoint.
-  template <bool kWithO, bool kHiLoUpdate, typename BeforeUpdate>
+  template <bool kWithO, bool kExactUpdate, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const float* gcum, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -349,7 +349,7 @@ struct FusedForwardRs {
             vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
             o[x] *= exp2_approx(g.x);
             o[x + 1] *= exp2_approx(g.y);
-          } else if constexpr (kHiLoUpdate) {  // the update operand's rounding error, for p.exact_state_update
+          } else if constexpr (kExactUpdate) {  // the update operand's rounding error
             const float2 hi = unpack_pair<Elem>(vd_decayed[ks][q]);
             vd_plain[ks][q] = pack_pair<Elem>(decayed[0] - hi.x, decayed[1] - hi.y);
           }
@@ -363,7 +363,7 @@ struct FusedForwardRs {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
-    if (kHiLoUpdate && p.exact_state_update) {  // S^T += (rho Vd - hi)^T K: the operand to ~2^-16
+    if constexpr (kExactUpdate) {  // S^T += (rho Vd - hi)^T K: the operand to ~2^-16
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
@@ -480,7 +480,8 @@ struct FusedForwardRs {
   }
 
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
-  template <bool kWithO>
+  // kExactUpdate (without o): the state update's operand as hi + lo.
+  template <bool kWithO, bool kExactUpdate = false>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -521,37 +522,44 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, !kWithO>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
                            [] {});
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
   // The entry of v4 (Kernel = FusedForwardRs) and v5 (FusedForwardInv): Kernel's roles over its
-  // shared storage.
-  template <typename Kernel>
+  // shared storage. kExactUpdate (v4, the backward's pre-pass: never o): the state groups' hi + lo
+  // update, in a kernel of its own so that the forward's keeps its code.
+  template <typename Kernel, bool kExactUpdate = false>
   static __device__ __forceinline__ void run_kernel(const ForwardParams& p, const ForwardTileMaps& maps) {
     extern __shared__ __align__(1024) unsigned char smem_fused[];
     auto& s = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_fused);
     run_roles<Kernel::kAuxRegisters, Kernel::kStateRegisters>(
         p, s, [&](bool with_o, int hk, int h) { Kernel::run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
-          if (with_o)
+          if constexpr (kExactUpdate)
+            Kernel::template run_state<false, true>(p, s, h, group);
+          else if (with_o)
             Kernel::template run_state<true>(p, s, h, group);
           else
             Kernel::template run_state<false>(p, s, h, group);
         });
   }
-  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) { run_kernel<FusedForwardRs>(p, maps); }
+  template <bool kExactUpdate>
+  static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
+    run_kernel<FusedForwardRs, kExactUpdate>(p, maps);
+  }
 };
 
-template <typename Elem, typename InverseT>
+// kExactUpdate: the backward's pre-pass with a final-state gradient (ForwardParams::exact_state_update).
+template <typename Elem, typename InverseT, bool kExactUpdate>
 __global__ void __launch_bounds__(384, 1) fused_forward_rs_kernel(const __grid_constant__ ForwardParams p,
                                                                   const __grid_constant__ ForwardTileMaps maps) {
   // Without CP the wait comes later, in each role (fused_forward_starts_early).
   if (!fused_forward_starts_early(p)) wait_for_previous_grid();
   release_next_grid();
-  FusedForwardRs<Elem, InverseT>::run(p, maps);
+  FusedForwardRs<Elem, InverseT>::template run<kExactUpdate>(p, maps);
 }
 
 }  // namespace flashgdn::kern

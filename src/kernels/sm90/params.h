@@ -63,6 +63,12 @@ struct ForwardParams {
   void* inverse = nullptr;           // A_r rows, (b * seqlen + t, hv, 64), fp32 or bf16
   bool gated_inverse = false;        // the chunk inverse writes Ag = G (.) A_r (.) 1 beta^T in the input
                                      // dtype instead of A_r (the v4 forward, which TMAs it into place)
+  // The register-state forward without o (the backward's pre-pass with d_final_state): its
+  // kExactUpdate kernel, the state update's operand rho Vd as bf16 hi + lo (4 more wgmmas a chunk).
+  // A sequence ending in a short chunk takes its last token's dg from <dht, S> against the state
+  // entering it; one bf16 operand left that dot up to ~5e-2 off (bench/precision_study,
+  // KernelRounding::prepass_states). Beside gated_inverse: in its padding.
+  bool exact_state_update = false;
   void* gated_inverse_out = nullptr;  // the fp32 chunk inverse writes Ag there too, in the input dtype
                                       // (the backward: fp32 A_r for itself, Ag for its v4 pre-pass)
   int32_t inverse_heads_per_cta = 0;  // chunk inverse: v-heads of one q/k head per CTA, 1-4; 0: its
@@ -84,11 +90,6 @@ struct ForwardParams {
   const float* final_grad = nullptr;
   int64_t final_grad_strides[4] = {0, 0, 0, 0};
   float* final_grad_dots = nullptr;
-  // The register-state forward without o (the backward's pre-pass): the state update's operand
-  // rho Vd as bf16 hi + lo (4 more wgmmas a chunk). A sequence ending in a short chunk takes its last
-  // token's dg from <dht, S> against the state entering it; the single-bf16 operand left that dot
-  // up to ~5e-2 off (bench/precision_study, KernelRounding::prepass_states).
-  bool exact_state_update = false;
 
   // Intra-card context parallelism (cp_pass != kNoCp): blockIdx.x enumerates segments, each
   // sequence cut into ceil(C / segment_chunks) balanced segments (locate_segment, sequence.cuh).
