@@ -8,7 +8,7 @@
 // chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
 // 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
 // set (V, dO, dS^T) is issued after stage C, its late set (K, Q, S^T, Ag, gate record) after stage
-// E's wgmmas, its A_r (registers) after its stores. Every product has M = 64 tokens; group g owns
+// E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64 tokens; group g owns
 // columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
 // (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
 // avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
@@ -397,7 +397,7 @@ struct BackwardGrads {
   }
 
   // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
-  // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r.
+  // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r (under E's wgmmas).
   // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
   static __device__ __forceinline__ float* run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
                                                     SharedStorage& s, Acc32& a_r) {
@@ -674,6 +674,12 @@ struct BackwardGrads {
                                                      true);  // dM^T K
       }
       wg::commit();
+      {  // the next item's A_r into a_r (its last reader was stage C's epilogue), issued under these
+         // wgmmas: no fence.proxy.async (a MEMBAR, which waits for this thread's loads) or wgmma fence
+         // comes before its first use at the next item's top, but for a running sum's staging
+        const Item next = s.next;
+        if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
+      }
       wg::wait<0>();
       wg::fence_operand(dq);
       wg::fence_operand(dk);
@@ -747,8 +753,6 @@ struct BackwardGrads {
         }
     }
     timeline_mark(p, group, it.ordinal, 9);
-    const Item next = s.next;
-    if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
     if (warp == 0) store_dg_dbeta(bp, s, it, gamma, dot_part);
 
     timeline_mark(p, group, it.ordinal, 10);
