@@ -16,7 +16,8 @@
 // dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
 // columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a
 // bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages have
-// retired (dq: Vd, dVd after stage C; dk: A_r, Pg, dA_r after D, dP after E) and adds; the group's
+// retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its last
+// 16 rows into dVd after dq's add, added after E) and adds; the group's
 // last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
@@ -107,7 +108,7 @@ struct BackwardGrads {
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
     alignas(8) uint64_t early, late;  // the item's two load sets
-    uint64_t partial;                 // group_sums: the group's running dq, dk sum
+    uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
@@ -250,25 +251,34 @@ struct BackwardGrads {
   static __device__ __forceinline__ int partial_offset(int row, int col) {  // col even
     return row * kHeadDim + 2 * ((col / 2) ^ (4 * (row % 4)));
   }
-  // The staged copy (bulk TMA into retired tiles, 8 KiB a [16][128] block): dq in Vd, dVd (after
-  // stage C); dk's rows 0..47 in A_r, Pg, dA_r (after stage D), rows 48..63 in dP (after stage E).
+  // The staged copy (bulk TMA into retired tiles, 8 KiB a [16][128] block), each half on its own
+  // mbarrier: dq in Vd, dVd (issued after stage C, added at D's end); dk's rows 0..47 in A_r, Pg,
+  // dA_r (issued after stage D), rows 48..63 where dq's rows 48..63 were (dVd's second half, issued
+  // once dq's add is done): both land under stage E's wgmmas.
   static constexpr uint32_t kPartialBlockBytes = kPartialBytes / 4;
+  static constexpr int kDkHeadRows = 3 * kChunk / 4;  // dk's rows in A_r, Pg, dA_r
   static __device__ __forceinline__ void issue_partial_dq(const BackwardParams& bp, SharedStorage& s, const Item& it) {
     static_assert(offsetof(SharedStorage, dvd) == offsetof(SharedStorage, vd) + kTokenTileBytes, "Vd, dVd adjacent");
-    tma::arrive_expect_bytes(&s.partial, 2 * kPartialBytes);
+    tma::arrive_expect_bytes(&s.partial, kPartialBytes);
     tma::load_bulk(s.vd, unit_partial(bp, it), kPartialBytes, &s.partial);
   }
-  static __device__ __forceinline__ void issue_partial_dk(const BackwardParams& bp, SharedStorage& s, const Item& it,
-                                                          int first_block, int end_block) {
-    static_assert(offsetof(SharedStorage, dp) == offsetof(SharedStorage, ar) + 3 * kSquareTileBytes &&
+  static __device__ __forceinline__ void issue_partial_dk_head(const BackwardParams& bp, SharedStorage& s,
+                                                               const Item& it) {
+    static_assert(offsetof(SharedStorage, dar) == offsetof(SharedStorage, ar) + 2 * kSquareTileBytes &&
                       kSquareTileBytes == kPartialBlockBytes,
-                  "A_r, Pg, dA_r, dP back to back, 16 rows of the fp32 sum each");
-    const float* dk = unit_partial(bp, it) + kChunk * kHeadDim;
-    tma::load_bulk(s.ar + first_block * kPartialBlockBytes, dk + first_block * (kChunk / 4) * kHeadDim,
-                   (end_block - first_block) * kPartialBlockBytes, &s.partial);
+                  "A_r, Pg, dA_r back to back, 16 rows of the fp32 sum each");
+    tma::arrive_expect_bytes(&s.partial_dk, kPartialBytes);
+    tma::load_bulk(s.ar, unit_partial(bp, it) + kChunk * kHeadDim, 3 * kPartialBlockBytes, &s.partial_dk);
   }
+  static __device__ __forceinline__ void issue_partial_dk_tail(const BackwardParams& bp, SharedStorage& s,
+                                                               const Item& it) {
+    tma::load_bulk(s.vd + 4 * partial_offset(kDkHeadRows, 0), unit_partial(bp, it) + (kChunk + kDkHeadRows) * kHeadDim,
+                   kPartialBlockBytes, &s.partial_dk);
+  }
+  // (row, col) of the staged dq, or dk (rows 48..63 at dq's own places: the thread that adds dk's
+  // row there has read dq's before, and stages its own outgoing dq there after).
   static __device__ __forceinline__ float2 staged_partial(const SharedStorage& s, bool is_k, int row, int col) {
-    return *reinterpret_cast<const float2*>((is_k ? s.ar : s.vd) + 4 * partial_offset(row, col));
+    return *reinterpret_cast<const float2*>((is_k && row < kDkHeadRows ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
   // The running sum staged by run_item (dq in Vd, dVd; dk rows 0..31 in dU, 32..63 in dA_r, dP) to
@@ -375,6 +385,7 @@ struct BackwardGrads {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.late, 1);
       tma::barrier_init(&s.partial, 1);
+      tma::barrier_init(&s.partial_dk, 1);
       tma::fence_barrier_init();
       s.next = find_item(bp, first_index(bp), Item{});
       if (s.next.valid) {
@@ -412,6 +423,9 @@ struct BackwardGrads {
     const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
     const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
+    // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
+    // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
+    const uint32_t staged_sums = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -651,7 +665,19 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
-    if (threadIdx.x == kIssuer && add_partial) issue_partial_dk(bp, s, it, 0, 3);  // A_r, Pg (X), dA_r are retired
+    if (add_partial) {  // the group's running dq sum into dq (stage E accumulates onto it)
+      if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
+      tma::wait(&s.partial, staged_sums % 2);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const float2 pq = staged_partial(s, false, acc_row(e), 64 * group + acc_col(j, e));
+          dq[4 * j + e] += pq.x, dq[4 * j + e + 1] += pq.y;
+        }
+      __syncthreads();  // every read of the staged dq done
+      if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
+    }
     timeline_mark(p, group, it.ordinal, 6);
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
@@ -687,32 +713,25 @@ struct BackwardGrads {
       timeline_mark(p, group, it.ordinal, 7);
       add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
-      if (threadIdx.x == kIssuer) {
-        if (add_partial) issue_partial_dk(bp, s, it, 3, 4);  // dP is retired; ahead of the 72 KiB late set
-        if (s.next.valid) issue_late(p, maps, s, s.next);
-      }
+      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
-    if (add_partial) {  // the group's running sum, staged in shared memory
-      // the staged sums so far: every earlier unit of this CTA's (all its items valid: a unit's
-      // v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
-      const uint32_t staged = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
-      tma::wait(&s.partial, staged % 2);
+    if (add_partial) {  // the group's running dk sum
+      tma::wait(&s.partial_dk, staged_sums % 2);
       timeline_mark(p, group, it.ordinal, 8);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-          const float2 pq = staged_partial(s, false, row, col), pk = staged_partial(s, true, row, col);
-          dq[4 * j + e] += pq.x, dq[4 * j + e + 1] += pq.y;
+          const float2 pk = staged_partial(s, true, acc_row(e), 64 * group + acc_col(j, e));
           dk[4 * j + e] += pk.x, dk[4 * j + e + 1] += pk.y;
         }
     }
     if (bp.group_sums && group_rank + 1 < group_size) {
-      // The running sum for the group's next v-head, staged for run()'s bulk store: dq in place in
-      // Vd, dVd; dk's rows 0..31 in dU, 32..63 in place in dA_r, dP (each thread rewrites what it read).
+      // The running sum for the group's next v-head, staged for run()'s bulk store: dq in Vd, dVd
+      // (rows 48..63 where this thread read dk's rows 48..63); dk's rows 0..31 in dU, 32..47 in place
+      // in dA_r, 48..63 in dP.
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
