@@ -745,8 +745,8 @@ struct BackwardGrads {
       wg::fence_shared_to_async();  // for the bulk store after run()'s barrier
     } else if (bp.direct_qk || bp.group_sums) {
       // dq, dk in q's dtype (h is its own q/k head, or the group's last v-head writes the sums):
-      // panel g staged in dU (dq) and Vd (dk), then written in 16-byte row pieces.
-      if (add_partial) __syncthreads();  // every thread's reads of the staged sum (Vd, dVd, A_r .. dP) done
+      // panel g staged in dU (dq) and Vd's first half (dk), then written in 16-byte row pieces (no
+      // staged sum is left there: dq's was added at stage D's end, dk's lies in A_r .. dA_r and dVd).
       unsigned char* dq_panel = s.du + group * kPanelBytes;
       unsigned char* dk_panel = s.vd + group * kPanelBytes;
       store_panel<64>(dq_panel, 0, [&](int j, int e) { return dq[4 * j + e]; });
