@@ -5,20 +5,20 @@
 namespace flashgdn::plan {
 
 // Fitted by bench/fit_cost_model.py --direction bwd (record:
-// bench/results/2026-11-30_cost_model_bwd_26bb088.json).
+// bench/results/2026-11-30_cost_model_bwd_7abd2b5.json).
 CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 5.999;
-  model.fused_item_us = 1.017;
-  model.state_chunk_us = 5.669;
+  model.fused_chunk_us = 6.295;
+  model.fused_item_us = 0.450;
+  model.state_chunk_us = 2.945;
   model.state_m_chunk_us = 0.000;
-  model.state_item_us = 40.071;
-  model.correction_step_us = 7.210;
+  model.state_item_us = 30.360;
+  model.correction_step_us = 10.495;
   model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
-  model.gate_scan_chunk_us = 0.000;
-  model.launch_us = 0.020;
-  model.min_segment_chunks = 4;
+  model.gate_scan_chunk_us = 1.555;
+  model.launch_us = 1.365;
+  model.min_segment_chunks = 8;
   return model;
 }
 
