@@ -170,6 +170,8 @@ constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16
 
 using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
 
+constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
+
 // Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
 struct CorrectionStorage {
   alignas(16) float m[2][kHeadDim * kPitchM];
@@ -177,6 +179,9 @@ struct CorrectionStorage {
   // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
   // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
   SliceTile s[2];
+  // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
+  // from the window tables once, all loads in flight, instead of one dependent load per test).
+  uint8_t apply_m[kFlagSteps];
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
@@ -316,6 +321,24 @@ __device__ __forceinline__ void load_slice(SliceTile& slice, const float* state,
   }
 }
 
+// The apply-M flags of steps [begin, end) (at most kFlagSteps) into flags[j - begin]: every thread
+// tests kFlagSteps / kCorrectionThreads steps with its loads in flight together. Barriers before (the
+// previous block's readers are done) and after.
+template <typename ApplyM>
+__device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
+  constexpr int kPerThread = kFlagSteps / kCorrectionThreads;
+  __syncthreads();
+  bool m[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t j = begin + threadIdx.x + kCorrectionThreads * i;
+    m[i] = j < end && apply_m(j);
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) flags[threadIdx.x + kCorrectionThreads * i] = m[i];
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
@@ -341,40 +364,46 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const
     return (j - 1 > 0 || p.shard) && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0;
   };
   auto start_of = [&](int64_t j) { return segment_block(p.segment_starts, p.num_v_heads, first + j, h); };
-  // The steps without M: S_{j+1} = S*_j, all at once.
-  copy_slices(
-      1, count, [&](int64_t j) { return !apply_m(j); },
-      [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
-  // The steps with M, serial where consecutive: the running slice stays in shared memory and the
-  // next step's inputs arrive while this one computes; an M step after a step without M (or
-  // after S_0) takes its start from segment_starts instead.
   auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = first + j - 1;
     load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
                          segment_block(p.segment_transitions, p.num_v_heads, prev, h), true, col0);
   };
-  auto next_m_step = [&](int64_t j) {
-    while (j < count && !apply_m(j)) ++j;
-    return j;
-  };
   int t = 0;
-  bool prefetched = false;  // step j's inputs issued during the previous step
-  for (int64_t j = next_m_step(1); j < count;) {
-    if (!prefetched) {
-      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
-      // copies above (this step's start) are written.
-      __syncthreads();
-      load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
-      load_step(j, t);
+  // The steps in blocks of kFlagSteps, their flags in shared memory.
+  for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
+    const int64_t end = min(count, begin + kFlagSteps);
+    load_step_flags(smem.apply_m, begin, end, apply_m);
+    auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
+    // The steps without M: S_{j+1} = S*_j, all at once.
+    copy_slices(
+        begin, end, [&](int64_t j) { return !m_step(j); },
+        [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+    // The steps with M, serial where consecutive: the running slice stays in shared memory and the
+    // next step's inputs arrive while this one computes; an M step after a step without M (or
+    // after S_0, or first in its block) takes its start from segment_starts instead.
+    auto next_m_step = [&](int64_t j) {
+      while (j < end && !m_step(j)) ++j;
+      return j;
+    };
+    bool prefetched = false;  // step j's inputs issued during the previous step
+    for (int64_t j = next_m_step(begin); j < end;) {
+      if (!prefetched) {
+        // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
+        // copies above (this step's start) are written.
+        __syncthreads();
+        load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
+        load_step(j, t);
+      }
+      const int64_t next = next_m_step(j + 1);
+      cp_async_wait<0>();  // step j's inputs
+      __syncthreads();     // ... visible to every thread, with the previous step's slice
+      prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
+      if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
+      correction_step<false>(smem, t, true, start_of(j), col0);
+      t ^= 1;
+      j = next;
     }
-    const int64_t next = next_m_step(j + 1);  // its window reads overlap the loads
-    cp_async_wait<0>();  // step j's inputs
-    __syncthreads();     // ... visible to every thread, with the previous step's slice
-    prefetched = next == j + 1 && next < count;  // consecutive: its start is this step's output, s[t]
-    if (prefetched) load_step(next, t ^ 1);      // buffer t ^ 1 was last read by the previous step
-    correction_step<false>(smem, t, true, start_of(j), col0);
-    t ^= 1;
-    j = next;
   }
 }
 
@@ -447,39 +476,46 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(
     return p.grad_window_chunks[(first + j) * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
   };
   auto grad_end_of = [&](int64_t j) { return segment_block(bp.segment_grad_ends, p.num_v_heads, first + j, h); };
-  // The steps without M: dS_j = dS*_j, all at once.
-  copy_slices(
-      1, count, [&](int64_t j) { return !apply_m(j); },
-      [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
-      [&](int64_t j) { return grad_end_of(j - 1); }, col0);
-  // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
-  // step without M takes its start from segment_grad_ends; the last step's start is dht, in s[1].
   auto load_step = [&](int64_t j, int buf) {
     load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h),
                          segment_block(p.segment_transitions, p.num_v_heads, first + j, h), true, col0);
   };
-  auto previous_m_step = [&](int64_t j) {
-    while (j >= 1 && !apply_m(j)) --j;
-    return j;
-  };
   int t = 0;
-  bool prefetched = false;
-  for (int64_t j = previous_m_step(count - 1); j >= 1;) {
-    if (!prefetched) {
-      // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and the copies
-      // above (this step's start) and dht in s[1] are written.
+  // The steps in blocks of kFlagSteps from the last, their flags in shared memory.
+  for (int64_t end = count; end > 1; end -= kFlagSteps) {
+    const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
+    load_step_flags(smem.apply_m, begin, end, apply_m);
+    auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
+    // The steps without M: dS_j = dS*_j, all at once.
+    copy_slices(
+        begin, end, [&](int64_t j) { return !m_step(j); },
+        [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+        [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+    // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
+    // step without M (or last in its block) takes its start from segment_grad_ends; the last step's
+    // start is dht, in s[1].
+    auto previous_m_step = [&](int64_t j) {
+      while (j >= begin && !m_step(j)) --j;
+      return j;
+    };
+    bool prefetched = false;
+    for (int64_t j = previous_m_step(end - 1); j >= begin;) {
+      if (!prefetched) {
+        // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and the copies
+        // above (this step's start) and dht in s[1] are written.
+        __syncthreads();
+        if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
+        load_step(j, t);
+      }
+      const int64_t next = previous_m_step(j - 1);
+      cp_async_wait<0>();
       __syncthreads();
-      if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
-      load_step(j, t);
+      prefetched = next == j - 1 && next >= begin;
+      if (prefetched) load_step(next, t ^ 1);
+      correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
+      t ^= 1;
+      j = next;
     }
-    const int64_t next = previous_m_step(j - 1);  // its window reads overlap the loads
-    cp_async_wait<0>();
-    __syncthreads();
-    prefetched = next == j - 1 && next >= 1;
-    if (prefetched) load_step(next, t ^ 1);
-    correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
-    t ^= 1;
-    j = next;
   }
 }
 
