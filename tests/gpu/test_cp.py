@@ -375,6 +375,24 @@ def test_windows_and_transitions_interleaved(seed):
     assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
 
 
+def test_corrections_past_one_flag_block(seed):
+    """More segments in one sequence than the corrections hold apply-M flags for at once (4096,
+    cp_kernels.cu's kFlagSteps): 4101 one-chunk segments with windows and exact transitions
+    interleaved as above, so runs of M steps and copies cross the flag blocks' boundary (one block
+    boundary forward, one backward); CP against no CP, forward and backward."""
+    chunks = 4101
+    x = make_inputs(1, 64 * chunks, 1, 2, regime="zero")
+    segment = torch.arange(64 * chunks, device="cuda") // 64
+    for h in range(2):
+        x["g"][0, (segment + h) % 3 == 0, h] = -0.5
+    o, final = run(x, ON, segment_chunks=1)
+    o_ref, final_ref = run(x, OFF)
+    print(f"vs no CP o={rel_l2(o, o_ref):.2e} state={rel_l2(final, final_ref):.2e}")
+    assert rel_l2(o, o_ref) <= 1e-2 and rel_l2(final, final_ref) <= 1e-2
+    do, dht = upstream(x)
+    assert_close_to_no_cp(run_backward(x, do, dht, ON, segment_chunks=1), run_backward(x, do, dht, OFF))
+
+
 def test_backward_variants(seed):
     """V-first states, fp16, bf16 beta, int64 offsets, in-kernel L2 norm (windows read the
     normalised keys) under backward CP."""
