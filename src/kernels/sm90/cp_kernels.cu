@@ -187,22 +187,35 @@ static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared 
 
 // A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
 // (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
-// when apply_m, all of M.
+// when apply_m, all of M. Thread tid moves 16-byte unit tid % U of rows tid / U + i * (256 / U)
+// (U units a row): fixed trip counts, so each copy is one offset from the thread's first (a
+// generic strided loop cost ~25 integer instructions a copy, most of a step's instructions).
 __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, int buf, const float* base,
                                                      const float* m, bool apply_m, int col0) {
-  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 4; e += kCorrectionThreads) {
-    const int row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+  const unsigned tid = threadIdx.x;
+  {
+    constexpr int kUnits = kSliceCols / 4, kRowStep = kCorrectionThreads / kUnits;
+    const unsigned row = tid / kUnits, vec = tid % kUnits;
     float* to = &smem.base[buf][row * kPitchS + 4 * vec];
-    if (base != nullptr)
-      cp_async_16(to, base + row * kHeadDim + col0 + 4 * vec, true);
-    else
-      *reinterpret_cast<float4*>(to) = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (base != nullptr) {
+      const float* from = base + row * kHeadDim + col0 + 4 * vec;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / kRowStep; ++i)
+        cp_async_16(to + i * kRowStep * kPitchS, from + i * kRowStep * kHeadDim, true);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / kRowStep; ++i)
+        *reinterpret_cast<float4*>(to + i * kRowStep * kPitchS) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   if (apply_m) {
-    for (int e = threadIdx.x; e < kHeadDim * kHeadDim / 4; e += kCorrectionThreads) {
-      const int row = e / (kHeadDim / 4), vec = e % (kHeadDim / 4);
-      cp_async_16(&smem.m[buf][row * kPitchM + 4 * vec], m + row * kHeadDim + 4 * vec, true);
-    }
+    constexpr int kUnits = kHeadDim / 4, kRowStep = kCorrectionThreads / kUnits;
+    const unsigned row = tid / kUnits, vec = tid % kUnits;
+    float* to = &smem.m[buf][row * kPitchM + 4 * vec];
+    const float* from = m + row * kHeadDim + 4 * vec;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / kRowStep; ++i)
+      cp_async_16(to + i * kRowStep * kPitchM, from + i * kRowStep * kHeadDim, true);
   }
   cp_async_commit();
 }
@@ -314,10 +327,12 @@ __device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& c
 // A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
 // (plain loads: the caller's barrier orders the stores before the step that reads them).
 __device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
-  for (int e = threadIdx.x; e < kHeadDim * kSliceCols / 2; e += kCorrectionThreads) {
-    const int row = e / (kSliceCols / 2), col = 2 * (e % (kSliceCols / 2));
-    const float2 x = *reinterpret_cast<const float2*>(state + row * kHeadDim + col0 + col);
-    slice.store_pair(row, col, x.x, x.y);
+  constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
+  const int row = threadIdx.x / kPairs, col = 2 * (threadIdx.x % kPairs);
+#pragma unroll
+  for (int i = 0; i < kHeadDim / kRowStep; ++i) {
+    const float2 x = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
+    slice.store_pair(row + i * kRowStep, col, x.x, x.y);
   }
 }
 
@@ -339,7 +354,7 @@ __device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, i
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kCorrectionThreads) cp_correction_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
@@ -450,7 +465,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
 // forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
-__global__ void __launch_bounds__(kCorrectionThreads) cp_grad_correction_kernel(const BackwardParams bp) {
+__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp) {
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
