@@ -39,7 +39,6 @@
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
-#include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
 namespace flashgdn::kern {
@@ -183,60 +182,43 @@ struct CorrectionStorage {
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   uint8_t apply_m[kFlagSteps];
-  alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (bulk TMA, StepLoads)
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
-// A correction step's inputs into buffer `buf`: the base slice (columns col0 .. col0 + 31 of a
-// [128][128] fp32 workspace state, 128-byte row pieces; zeros when base is null) and, when apply_m,
-// all of M (512-byte rows), by bulk TMA on mbarrier loaded[buf]: warp 0's lanes issue 4 rows of
-// each, lane 0 announces the bytes. (16-byte cp.async per thread left each step ~3 us at 80 KiB:
-// bulk copies keep more of it in flight per SM.) Called by every thread (zeros are plain stores,
-// ordered by the caller's barrier); each call is waited for once by StepLoads::wait.
+// A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
+// (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
+// when apply_m, all of M. Thread tid moves 16-byte unit tid % U of rows tid / U + i * (256 / U)
+// (U units a row): fixed trip counts, so each copy is one offset from the thread's first (a
+// generic strided loop cost ~25 integer instructions a copy, most of a step's instructions).
 __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, int buf, const float* base,
                                                      const float* m, bool apply_m, int col0) {
-  constexpr uint32_t kBaseRowBytes = kSliceCols * 4, kMRowBytes = kHeadDim * 4;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    uint64_t* barrier = &smem.loaded[buf];
-    if (lane == 0)
-      tma::arrive_expect_bytes(barrier, (base != nullptr ? kHeadDim * kBaseRowBytes : 0) + (apply_m ? kHeadDim * kMRowBytes : 0));
-    __syncwarp();
+  const unsigned tid = threadIdx.x;
+  {
+    constexpr int kUnits = kSliceCols / 4, kRowStep = kCorrectionThreads / kUnits;
+    const unsigned row = tid / kUnits, vec = tid % kUnits;
+    float* to = &smem.base[buf][row * kPitchS + 4 * vec];
+    if (base != nullptr) {
+      const float* from = base + row * kHeadDim + col0 + 4 * vec;
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 32; ++i) {
-      const int row = lane + 32 * i;
-      if (base != nullptr)
-        tma::load_bulk(&smem.base[buf][row * kPitchS], base + row * kHeadDim + col0, kBaseRowBytes, barrier);
-      if (apply_m) tma::load_bulk(&smem.m[buf][row * kPitchM], m + row * kHeadDim, kMRowBytes, barrier);
+      for (int i = 0; i < kHeadDim / kRowStep; ++i)
+        cp_async_16(to + i * kRowStep * kPitchS, from + i * kRowStep * kHeadDim, true);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / kRowStep; ++i)
+        *reinterpret_cast<float4*>(to + i * kRowStep * kPitchS) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  if (base == nullptr) {
-    constexpr int kUnits = kSliceCols / 4, kRowStep = kCorrectionThreads / kUnits;
-    float* to = &smem.base[buf][(threadIdx.x / kUnits) * kPitchS + 4 * (threadIdx.x % kUnits)];
+  if (apply_m) {
+    constexpr int kUnits = kHeadDim / 4, kRowStep = kCorrectionThreads / kUnits;
+    const unsigned row = tid / kUnits, vec = tid % kUnits;
+    float* to = &smem.m[buf][row * kPitchM + 4 * vec];
+    const float* from = m + row * kHeadDim + 4 * vec;
 #pragma unroll
     for (int i = 0; i < kHeadDim / kRowStep; ++i)
-      *reinterpret_cast<float4*>(to + i * kRowStep * kPitchS) = make_float4(0.f, 0.f, 0.f, 0.f);
+      cp_async_16(to + i * kRowStep * kPitchM, from + i * kRowStep * kHeadDim, true);
   }
+  cp_async_commit();
 }
-
-// The two buffers' load phases: init() by every thread at the kernel's start (one thread sets the
-// mbarriers up, then a barrier); wait(buf) blocks until buffer buf's latest load_correction_step
-// has landed (each load waited for exactly once, in issue order per buffer).
-struct StepLoads {
-  uint32_t phases = 0;  // bit b: the parity of buffer b's next load
-  __device__ __forceinline__ void init(CorrectionStorage& smem) {
-    if (threadIdx.x == 0) {
-      tma::barrier_init(&smem.loaded[0], 1);
-      tma::barrier_init(&smem.loaded[1], 1);
-      tma::fence_barrier_init();
-    }
-    __syncthreads();
-  }
-  __device__ __forceinline__ void wait(CorrectionStorage& smem, int buf) {
-    tma::wait(&smem.loaded[buf], (phases >> buf) & 1u);
-    phases ^= 1u << buf;
-  }
-};
 
 // One serial step of a correction, of parity t (buffers alternate between steps): next = base +
 // (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
@@ -378,8 +360,6 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -431,7 +411,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
         load_step(j, t);
       }
       const int64_t next = next_m_step(j + 1);
-      loads.wait(smem, t);  // step j's inputs
+      cp_async_wait<0>();  // step j's inputs
       __syncthreads();     // ... visible to every thread, with the previous step's slice
       prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
       if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
@@ -452,8 +432,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   constexpr int kSlices = kHeadDim / kSliceCols;
   const int role = static_cast<int>(blockIdx.z) / kSlices;
   const auto [n, first, count, h, col0] = correction_slice(p, static_cast<int>(blockIdx.z) % kSlices);
@@ -477,7 +455,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
   if (count > 0) load_step(0, 0);
   for (int64_t j = 0; j < count; ++j) {
     const int t = static_cast<int>(j & 1);
-    loads.wait(smem, t);  // step j's inputs
+    cp_async_wait<0>();  // step j's inputs
     __syncthreads();     // ... visible everywhere, with step j - 1's slice; step j - 1 is done everywhere
     if (j + 1 < count) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, apply_m(j), map, col0);
@@ -492,8 +470,6 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   const ForwardParams& p = bp.fwd;
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -547,7 +523,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
         load_step(j, t);
       }
       const int64_t next = previous_m_step(j - 1);
-      loads.wait(smem, t);
+      cp_async_wait<0>();
       __syncthreads();
       prefetched = next == j - 1 && next >= begin;
       if (prefetched) load_step(next, t ^ 1);
@@ -565,8 +541,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   const ForwardParams& p = bp.fwd;
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -587,7 +561,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   if (count > 0) load_step(0, 0);
   for (int64_t i = 0; i < count; ++i) {
     const int t = static_cast<int>(i & 1);
-    loads.wait(smem, t);
+    cp_async_wait<0>();
     __syncthreads();
     if (i + 1 < count) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, apply_m(i), map, col0);
@@ -602,8 +576,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -623,7 +595,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   if (a.world > 0) load_step(0, 0);
   for (int j = 0; j < a.world; ++j) {
     const int t = j & 1;
-    loads.wait(smem, t);
+    cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < a.world) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, true, j + 1 == a.rank ? entering : nullptr, col0);  // S_{j+1} -> s[t]
@@ -649,8 +621,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   release_next_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
-  StepLoads loads;
-  loads.init(smem);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -676,7 +646,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   if (steps > 0) load_step(0, 0);
   for (int i = 0; i < steps; ++i) {
     const int t = i & 1;
-    loads.wait(smem, t);
+    cp_async_wait<0>();
     __syncthreads();
     if (i + 1 < steps) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, true, i + 1 == steps ? d_out : nullptr, col0);
