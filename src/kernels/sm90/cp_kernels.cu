@@ -22,10 +22,12 @@
 //                      -> segment_starts. The copies (window) depend on nothing: all at once
 //                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
 //                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
-//                      step j + 1's M and S* are loaded (cp.async) while step j computes when
-//                      step j + 1 is an M step too (one barrier per step; two for an M step after
-//                      a copy, whose start slice is read back); the running slice ping-pongs
-//                      between two buffers
+//                      step j + 1's M and S* are loaded (TMA boxes into 128-byte-swizzled
+//                      panels, StepLoads) while step j computes when step j + 1 is an M step too
+//                      (one barrier per step; two for an M step after a copy, whose start slice
+//                      is read back); the running slice ping-pongs between two buffers. The
+//                      copies and M steps go in blocks of kFlagSteps steps, their apply-M flags
+//                      read into shared memory first
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
