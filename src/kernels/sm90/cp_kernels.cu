@@ -191,10 +191,9 @@ struct CorrectionStorage {
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
-// Element (row, col) of a [128][32] fp32 panel in the 128-byte swizzle: 16-byte unit u of row r at
-// unit u ^ (r % 8). A pair (col even) shares its unit.
+// Element (row, col) of a [128][32] fp32 panel as the TMA box left it (tma::fp32_panel_offset).
 __device__ __forceinline__ const float* panel_element(const unsigned char* panel, int row, int col) {
-  return reinterpret_cast<const float*>(panel + row * (kPanelCols * 4) + (((col / 4) ^ (row % 8)) * 16) + (col % 4) * 4);
+  return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
 }
 
 // The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
@@ -718,9 +717,6 @@ __global__ void state_store_kernel(const float* src, float* states, const int64_
   }
 }
 
-// A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
-// the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
-// shared memory.
 // A step map over `blocks` [128][128] fp32 blocks at `base` (tensor_map.h); zeros (never used: no
 // step reads it) without any.
 cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
