@@ -39,6 +39,7 @@
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
 namespace flashgdn::kern {
@@ -357,6 +358,7 @@ __device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, i
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -402,7 +404,9 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       return j;
     };
     bool prefetched = false;  // step j's inputs issued during the previous step
+    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
     for (int64_t j = next_m_step(begin); j < end;) {
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 0);
       if (!prefetched) {
         // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
         // copies above (this step's start) are written.
@@ -412,10 +416,13 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       }
       const int64_t next = next_m_step(j + 1);
       cp_async_wait<0>();  // step j's inputs
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 1);
       __syncthreads();     // ... visible to every thread, with the previous step's slice
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
       prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
       if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
       correction_step<false>(smem, t, true, start_of(j), col0);
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 3);
       t ^= 1;
       j = next;
     }
