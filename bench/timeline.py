@@ -72,7 +72,7 @@ def correction_phases(row):
     start = row[CORRECTION_ROW - 1]
     out["start to M loop"] = int(start[11] - start[10])
     out["start to first step"] = int(row[steps[0], 0] - start[10])
-    out[f"steps recorded"] = len(steps)
+    out["steps recorded"] = len(steps)
     return out
 
 
