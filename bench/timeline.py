@@ -9,6 +9,11 @@ for the aux group and state group 0, and the chunk step (top of chunk c to top o
 
 With --backward, the backward's gradient pass instead (backward_grads.cuh, no CP): per stage the median
 cycles over the items 2..126 of CTA 0, for each warpgroup, and the item step (top to next top).
+
+With --correction, the forward's CP correction (cp_kernels.cu) on CORRECTION_CONFIGS, CP forced on with
+4-chunk segments and every head's gate 0 (no decay window: every step applies M): per step phase the
+median cycles over CTA (0, 0, 0)'s steps 4..last-1, the step (top to next top), and the kernel's start to
+its M steps and to its first step.
 """
 
 from __future__ import annotations
@@ -49,6 +54,44 @@ BACKWARD_CONFIGS = [([1024] * 8, 16, 32), ([8192] * 4, 8, 16), ([8192] * 4, 16, 
 GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("C: dW, dPg, dAg", 3, 4),
          ("C: epilogue, dQ_a, dK_a", 4, 5), ("D: X, Y, KK", 5, 6), ("E: wgmmas", 6, 7), ("E: sums, stores", 7, 9),
          ("dg, dbeta", 9, 10)]
+
+
+# The CP correction (timeline.cuh's correction events, rows from CORRECTION_ROW).
+CORRECTION_CONFIGS = [([8192], 2, 8), ([32768], 2, 8)]
+CORRECTION_ROW = 16
+CORRECTION = [("wait inputs", 0, 1), ("barrier", 1, 2), ("issue next, compute", 2, 3)]
+
+
+def correction_phases(row):
+    """Median cycles of each step phase over the steps 4..last-1 and the step; the kernel's start to
+    its M loop (flags, copies) and to the first step's top."""
+    steps = [r for r in range(CORRECTION_ROW, TIMELINE_SHAPE[1]) if row[r, 0] > 0]
+    body = [r for r in steps[4:-1] if row[r + 1, 0] > 0]
+    out = {name: statistics.median(int(row[r, b] - row[r, a]) for r in body) for name, a, b in CORRECTION}
+    out["step"] = statistics.median(int(row[r + 1, 0] - row[r, 0]) for r in body)
+    start = row[CORRECTION_ROW - 1]
+    out["start to M loop"] = int(start[11] - start[10])
+    out["start to first step"] = int(row[steps[0], 0] - start[10])
+    out["steps recorded"] = len(steps)
+    return out
+
+
+def correction(path: pathlib.Path, buffer: torch.Tensor) -> None:
+    lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
+    for lengths, hqk, hv in CORRECTION_CONFIGS:
+        inp = make_inputs(lengths, hqk, hv)
+        x = inp["x"]
+        x["g"].zero_()  # no window anywhere: every step applies M
+        label = f"{len(lengths)}x{lengths[0]}"
+        buffer.zero_()
+        forward_into(torch.empty_like(x["v"]), None, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"],
+                     inp["cu"], 128 ** -0.5, False, False, False, inp["cu_cpu"], 2, 4)
+        torch.cuda.synchronize()
+        result = correction_phases(buffer.cpu()[1])
+        print(f"{label} ({hqk},{hv}) cp_correction: " + ", ".join(f"{phase} {cycles:.0f}" for phase, cycles in result.items()),
+              flush=True)
+        lines += [f"{label},{hqk},{hv},cp_correction,cta0,{phase},{cycles:.0f}" for phase, cycles in result.items()]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def grads_phases(row):
@@ -112,14 +155,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated names of KERNELS")
     parser.add_argument("--backward", action="store_true", help="the backward's gradient pass instead")
+    parser.add_argument("--correction", action="store_true", help="the forward's CP correction instead")
     args = parser.parse_args()
-    kind = "timeline_backward" if args.backward else "timeline"
+    kind = "timeline_backward" if args.backward else "timeline_correction" if args.correction else "timeline"
     path = pathlib.Path(args.out) / f"{datetime.date.today()}_{kind}_{git_commit()}.csv"
     lines = ["seqlens,h_qk,h_v,kernel,role,phase,cycles"]
     buffer = torch.zeros(TIMELINE_SHAPE, dtype=torch.int64, device="cuda")
     set_timeline(buffer)
-    if args.backward:
-        backward(path, buffer)
+    if args.backward or args.correction:
+        (backward if args.backward else correction)(path, buffer)
         set_timeline(None)
         print(f"wrote {path}")
         return

@@ -42,6 +42,7 @@
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
@@ -394,6 +395,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
                                                                                  const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
@@ -440,7 +442,9 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       return j;
     };
     bool prefetched = false;  // step j's inputs issued during the previous step
+    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
     for (int64_t j = next_m_step(begin); j < end;) {
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 0);
       if (!prefetched) {
         // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
         // copies above (this step's start) are written.
@@ -450,10 +454,13 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       }
       const int64_t next = next_m_step(j + 1);
       loads.wait(smem, t);  // step j's inputs
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 1);
       __syncthreads();     // ... visible to every thread, with the previous step's slice
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
       prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
       if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
       correction_step<false>(smem, t, true, start_of(j), col0);
+      timeline_mark(p, 1, kTimelineCorrectionRow + j, 3);
       t ^= 1;
       j = next;
     }

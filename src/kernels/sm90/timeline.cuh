@@ -14,14 +14,19 @@
 // (role g) of CTA 0 marks its items (row = the CTA's item ordinal): 0 top, 1 load sets waited,
 // 2 stage A done (barrier), 3 B done, 4 C's first commit group waited, 5 C done, 6 D done, 7 E's
 // wgmmas waited, 8 group_sums' running sum waited, 9 stores issued, 10 item end.
-// bench/timeline.py reads them (--backward for the gradient pass).
+// The forward's CP correction (cp_correction_kernel, cp_kernels.cu) marks CTA (0, 0, 0)'s steps with
+// thread 128 (role 1) from row kTimelineCorrectionRow on (row kTimelineCorrectionRow + j for step j,
+// above the rows the fused passes' items of at most kTimelineCorrectionRow - 1 chunks write): 0 step
+// top, 1 inputs waited, 2 barrier passed, 3 step computed; in the row before, 10 kernel start, 11 the
+// M steps' loop entered (flags and copies done; once per flag block).
+// bench/timeline.py reads them (--backward for the gradient pass, --correction for the correction).
 #pragma once
 
 #include "kernels/sm90/params.h"
 
 namespace flashgdn::kern {
 
-inline constexpr int kTimelineChunks = 128, kTimelineEvents = 12;
+inline constexpr int kTimelineChunks = 128, kTimelineEvents = 12, kTimelineCorrectionRow = 16;
 
 __device__ __forceinline__ void timeline_mark(const ForwardParams& p, int role, int64_t chunk, int event) {
 #ifdef FLASHGDN_TIMELINE
