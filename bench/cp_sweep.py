@@ -7,8 +7,8 @@ and the geometric-mean gain where CP engaged. CSV under bench/results/<date>_cp_
 
 --direction bwd, or --splits for the forward: the low-parallelism rows of the tables (SPLIT_CONFIGS:
 one sequence of 2k-32k tokens at Hv 8, 16, 32; two of 4k at Hv 16; four of 8k at Hv 8; one of 8k
-at Hv 64, where CP should stay off; the forward adds FORWARD_SPLIT_CONFIGS' corners of the sweep's
-grid), timed with the planner's choice (auto), with CP off and forced on at segment lengths 4-256
+at Hv 64, where CP should stay off; the backward adds BACKWARD_SPLIT_CONFIGS' rows, the forward
+FORWARD_SPLIT_CONFIGS' corners of the sweep's grid), timed with the planner's choice (auto), with CP off and forced on at segment lengths 4-256
 chunks: does auto find the best cut? bench/fit_cost_model.py fits the cost model to this scan. CSV
 <date>_cp_sweep_<fwd|bwd>_splits_<commit>.csv, one row per (configuration, segment length; 0: off,
 -1: auto).
@@ -93,6 +93,10 @@ FORWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(1, 2048, 1), (8, 2048, 2), (4, 2048, 4
                                          (8, 2048, 4),  # 8 x 2048 at Hv 4: CP taken at 1.062 of off (edbf548)
                                          # mixed pairs the 005411a refit cut shorter, 2-5.6% slower (3757801):
                                          (2, (6144, 2048), 8), (2, (1024, 7168), 8), (2, (1024, 7168), 48)]
+# The backward's scan adds the shapes its 7abd2b5 refit got wrong or could not see: four 8k sequences at
+# Hv 16 (CP turned on, the call no faster: 1806 -> 1824 us) and the backward table's mixed rows at Hv 32
+# (7212+7072+13725+4759 0.969x of the old model's cut; 7212+25556 1.159x).
+BACKWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(4, 8192, 16), (2, (7212, 25556), 32), (4, (7212, 7072, 13725, 4759), 32)]
 
 
 def lengths_label(length):
@@ -109,7 +113,7 @@ def split_sweep(direction, out_dir):
             return backward_timed(x, mode, segment_chunks, cu, cu_cpu)
         return timed(x, mode, cu, cu_cpu, segment_chunks)[0]
 
-    configs = FORWARD_SPLIT_CONFIGS if direction == "fwd" else SPLIT_CONFIGS
+    configs = FORWARD_SPLIT_CONFIGS if direction == "fwd" else BACKWARD_SPLIT_CONFIGS
     path = pathlib.Path(out_dir) / f"{datetime.date.today()}_cp_sweep_{direction}_splits_{commit()}.csv"
     worst = 0.0
     with open(path, "w", newline="") as f:
