@@ -55,6 +55,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/host_dtype.h"
@@ -226,13 +227,11 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
   gr.dbeta.assign(static_cast<size_t>(T), 0.0);
 
   auto round_in_place = [&](bool on, Mat& m) {
-    if (on)
-      for (double& x : m) x = to_bf16(x);
+    if (on) m = bf16(std::move(m));
   };
   auto rounded = [&](bool on, const Mat& m, Mat& storage) -> const Mat& {  // m, or its rounding in storage
     if (!on) return m;
-    storage = m;
-    round_in_place(true, storage);
+    storage = bf16(m);
     return storage;
   };
   auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
@@ -378,12 +377,12 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     }
     dgs[n - 1] += dgamma;
     // dS_prev = e^γ dS + Kᵀ dU + s Qᵀ Γ dO
-    Mat GdO = c.dO;
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < Vd; ++j) GdO[i * Vd + j] *= s * c.e[i];
     if (rounding.ds_pass != DsPass::kExact) {
       dS = ds_pass_step(c, dS, s, rounding.ds_pass, Kd, Vd);
     } else {
+      Mat GdO = c.dO;
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < Vd; ++j) GdO[i * Vd + j] *= s * c.e[i];
       Mat a = mm_tn(c.K, dU, n, Kd, Vd);
       Mat b = mm_tn(c.Q, GdO, n, Kd, Vd);
       for (size_t i = 0; i < kv; ++i) dS[i] = eg * dS[i] + a[i] + b[i];
