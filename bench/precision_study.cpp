@@ -14,8 +14,14 @@
 //   all-<tile>   all but one tile (the tile's share: "all" minus this)
 //   pre          all+lastdot with the pre-pass's states as v4 computes them (prepass_states)
 //   pre+hilo     pre with the state update's rho Vd exact (a hi + lo split: prepass_exact_update)
+//   ds3, ds1     the dS pass's recurrence with its bf16 operands (KernelRounding::ds_pass): three
+//                dependent rounds a chunk as today, or one round with the chunk's map folded first
+//   pre+ds3, pre+ds1   pre with either
+// The summary also gives the worst relative L2 errors of dv, dk and dh0 (the gradient of the initial
+// state) for each emulation.
 //
 //   build/bench/precision_study [T] [seeds] [heads]      (defaults 4133 4 4; about 3 s per head-run)
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +52,12 @@ std::vector<Emulation> emulations() {
   out.push_back({"pre", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true}});
   out.push_back({"pre+hilo", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
                               .prepass_exact_update = true}});
+  out.push_back({"ds3", {.ds_pass = bwd::DsPass::kThreeRounds}});
+  out.push_back({"ds1", {.ds_pass = bwd::DsPass::kOneRound}});
+  out.push_back({"pre+ds3", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                             .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds}});
+  out.push_back({"pre+ds1", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                             .prepass_exact_update = true, .ds_pass = bwd::DsPass::kOneRound}});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});
@@ -87,6 +99,10 @@ int main(int argc, char** argv) {
   const int seeds = argc > 2 ? std::atoi(argv[2]) : 4, heads = argc > 3 ? std::atoi(argv[3]) : 4;
   const std::vector<Emulation> runs = emulations();
   std::vector<double> worst(runs.size(), 0.0), worst_last(runs.size(), 0.0);
+  // dv, dk, dh0: per run the worst relative L2 error over the seeds (errors and norms summed over heads)
+  constexpr int kOther = 3;
+  constexpr const char* kOtherNames[kOther] = {"dv", "dk", "dh0"};
+  std::vector<std::array<double, kOther>> worst_other(runs.size(), std::array<double, kOther>{});
   const int64_t last_chunk_start = (T - 1) / 64 * 64;
   for (int seed = 0; seed < seeds; ++seed) {
     std::mt19937_64 rng(static_cast<uint64_t>(seed));
@@ -94,6 +110,14 @@ int main(int argc, char** argv) {
     std::vector<double> squared(runs.size(), 0.0), largest(runs.size(), 0.0), squared_last(runs.size(), 0.0);
     std::vector<int64_t> at(runs.size(), 0);
     double norm2 = 0.0, norm2_last = 0.0;
+    std::array<double, kOther> other_norm2{};
+    std::vector<std::array<double, kOther>> other_squared(runs.size(), std::array<double, kOther>{});
+    auto add_squares = [](const std::vector<double>& got, const std::vector<double>& want, double& err, double& norm) {
+      for (size_t i = 0; i < want.size(); ++i) {
+        err += (got[i] - want[i]) * (got[i] - want[i]);
+        norm += want[i] * want[i];
+      }
+    };
     for (int h = 0; h < heads; ++h) {
       const HeadInputs in = model_head(rng, T);
       std::vector<double> d_o(T * 128), dht(128 * 128);
@@ -106,6 +130,11 @@ int main(int argc, char** argv) {
       }
       for (size_t r = 0; r < runs.size(); ++r) {
         const bwd::HeadGrads got = bwd::backward_chunked(in, d_o, dht, runs[r].rounding);
+        std::array<double, kOther> unused{};
+        std::array<double, kOther>& norms = r == 0 ? other_norm2 : unused;  // the exact norms, once
+        add_squares(got.dv, exact.dv, other_squared[r][0], norms[0]);
+        add_squares(got.dk, exact.dk, other_squared[r][1], norms[1]);
+        add_squares(got.ds0, exact.ds0, other_squared[r][2], norms[2]);
         for (int64_t t = 0; t < T; ++t) {
           const double e = std::fabs(got.dg[t] - exact.dg[t]);
           squared[r] += e * e;
@@ -119,6 +148,8 @@ int main(int argc, char** argv) {
       const double rel = std::sqrt(squared[r] / norm2);
       worst[r] = std::max(worst[r], rel);
       worst_last[r] = std::max(worst_last[r], std::sqrt(squared_last[r] / norm2_last));
+      for (int i = 0; i < kOther; ++i)
+        worst_other[r][i] = std::max(worst_other[r][i], std::sqrt(other_squared[r][i] / other_norm2[i]));
       std::printf(" %s %.2e (t %lld)", runs[r].name.c_str(), rel, static_cast<long long>(at[r]));
     }
     std::printf("\n");
@@ -127,5 +158,9 @@ int main(int argc, char** argv) {
   for (size_t r = 0; r < runs.size(); ++r) std::printf(" %s %.2e", runs[r].name.c_str(), worst[r]);
   std::printf("\nworst over the last chunk's tokens:");
   for (size_t r = 0; r < runs.size(); ++r) std::printf(" %s %.2e", runs[r].name.c_str(), worst_last[r]);
+  for (int i = 0; i < kOther; ++i) {
+    std::printf("\nworst %s rel L2:", kOtherNames[i]);
+    for (size_t r = 0; r < runs.size(); ++r) std::printf(" %s %.2e", runs[r].name.c_str(), worst_other[r][i]);
+  }
   std::printf("\n");
 }

@@ -45,11 +45,18 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //                   except Vd in the sequence's last chunk with exact_last_vd (a hi + lo split there);
 //   prepass_states  the pre-pass's state recurrence as v4 runs it (S fp32 between chunks): S rounded as
 //                   the operand of Vd's U = K S, and rho Vd rounded as the update's operand
-//                   (S' = e^gamma S + K^T (rho Vd)), unless prepass_exact_update (a hi + lo split there).
+//                   (S' = e^gamma S + K^T (rho Vd)), unless prepass_exact_update (a hi + lo split there);
+//   ds_pass         the dS pass's own recurrence (D = dS fp32 between chunks, every wgmma operand bf16)
+//                   in place of the exact dS_prev: kThreeRounds as backward_ds_pass.cuh runs it
+//                   (dVd = (rho K) D + Pg^T dO, dU = (-Ag Gamma)^T dVd, D' = e^gamma D + K^T dU + (s Gamma Q)^T dO),
+//                   kOneRound with the chunk's map folded first (D' = e^gamma D + F^T D + K^T C^T + (s Gamma Q)^T dO,
+//                   F^T = K^T (-Ag Gamma)^T (rho K), C^T = (-Ag Gamma)^T Pg^T dO: one D-dependent product).
+enum class DsPass { kExact, kThreeRounds, kOneRound };
 struct KernelRounding {
   bool dot_state = false, exact_last_dot = false, operand_states = false, tiles = false, exact_last_vd = false;
   unsigned tile_mask = ~0u;
   bool prepass_states = false, prepass_exact_update = false;
+  DsPass ds_pass = DsPass::kExact;
 };
 inline constexpr const char* kTileNames[] = {"Ag", "W", "Pg", "A_r", "Vd", "dVd", "dA_r", "X", "dP", "dU", "dM"};
 

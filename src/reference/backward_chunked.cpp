@@ -55,6 +55,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/host_dtype.h"
@@ -169,6 +170,47 @@ Mat next_state(const ChunkFwd& c, const Mat& S, int Kd, int Vd) {
   return Sn;
 }
 
+double to_bf16(double x) { return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x)))); }
+Mat bf16(Mat m) {
+  for (double& x : m) x = to_bf16(x);
+  return m;
+}
+
+// dS_prev from dS = D as the dS pass computes it (KernelRounding::ds_pass), every product's operands
+// rounded to bf16, its accumulators exact (fp32 in the kernel), D itself kept unrounded between chunks.
+Mat ds_pass_step(const ChunkFwd& c, const Mat& D, double s, DsPass mode, int Kd, int Vd) {
+  const int n = c.n;
+  Mat rhoK = c.K, agneg(static_cast<size_t>(n) * n, 0.0), sGQ = c.Q;  // rho K, -Ag Gamma, s Gamma Q
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < Kd; ++k) {
+      rhoK[i * Kd + k] *= c.rho[i];
+      sGQ[i * Kd + k] *= s * c.e[i];
+    }
+    for (int j = 0; j < n; ++j) agneg[i * n + j] = -c.Ag[i * n + j] * c.e[j];
+  }
+  rhoK = bf16(rhoK), agneg = bf16(agneg), sGQ = bf16(sGQ);
+  const Mat Pg = bf16(c.Pg), Dr = bf16(D);
+  Mat next = mm_tn(sGQ, c.dO, n, Kd, Vd);  // (s Gamma Q)^T dO [K,V]
+  if (mode == DsPass::kThreeRounds) {
+    Mat dVd = mm(rhoK, Dr, n, Kd, Vd);  // [n,V]
+    const Mat PdO = mm_tn(Pg, c.dO, n, n, Vd);
+    for (size_t i = 0; i < dVd.size(); ++i) dVd[i] += PdO[i];
+    const Mat dU = bf16(mm_tn(agneg, bf16(dVd), n, n, Vd));  // (-Ag Gamma)^T dVd [n,V]
+    const Mat a = mm_tn(c.K, dU, n, Kd, Vd);
+    for (size_t i = 0; i < next.size(); ++i) next[i] += a[i];
+  } else {
+    const Mat Bt = bf16(mm_tn(agneg, rhoK, n, n, Kd));            // B^T = (-Ag Gamma)^T (rho K) [n,K]
+    const Mat Ft = bf16(mm_tn(c.K, Bt, n, Kd, Kd));               // F^T = K^T B^T [K,K]
+    const Mat Xt = bf16(mm_tn(Pg, c.dO, n, n, Vd));               // X^T = Pg^T dO [n,V]
+    const Mat Ct = bf16(mm_tn(agneg, Xt, n, n, Vd));              // C^T = (-Ag Gamma)^T X^T [n,V]
+    const Mat a = mm(Ft, Dr, Kd, Kd, Vd), b = mm_tn(c.K, Ct, n, Kd, Vd);
+    for (size_t i = 0; i < next.size(); ++i) next[i] += a[i] + b[i];
+  }
+  const double eg = std::exp(c.gamma);
+  for (size_t i = 0; i < next.size(); ++i) next[i] += eg * D[i];
+  return next;
+}
+
 }  // namespace
 
 HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
@@ -184,17 +226,12 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
   gr.dg.assign(static_cast<size_t>(T), 0.0);
   gr.dbeta.assign(static_cast<size_t>(T), 0.0);
 
-  auto to_bf16 = [](double x) {
-    return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x))));
-  };
   auto round_in_place = [&](bool on, Mat& m) {
-    if (on)
-      for (double& x : m) x = to_bf16(x);
+    if (on) m = bf16(std::move(m));
   };
   auto rounded = [&](bool on, const Mat& m, Mat& storage) -> const Mat& {  // m, or its rounding in storage
     if (!on) return m;
-    storage = m;
-    round_in_place(true, storage);
+    storage = bf16(m);
     return storage;
   };
   auto tiled = [&](int i) { return rounding.tiles && (rounding.tile_mask >> i & 1u) != 0; };
@@ -340,12 +377,16 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     }
     dgs[n - 1] += dgamma;
     // dS_prev = e^γ dS + Kᵀ dU + s Qᵀ Γ dO
-    Mat GdO = c.dO;
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < Vd; ++j) GdO[i * Vd + j] *= s * c.e[i];
-    Mat a = mm_tn(c.K, dU, n, Kd, Vd);
-    Mat b = mm_tn(c.Q, GdO, n, Kd, Vd);
-    for (size_t i = 0; i < kv; ++i) dS[i] = eg * dS[i] + a[i] + b[i];
+    if (rounding.ds_pass != DsPass::kExact) {
+      dS = ds_pass_step(c, dS, s, rounding.ds_pass, Kd, Vd);
+    } else {
+      Mat GdO = c.dO;
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < Vd; ++j) GdO[i * Vd + j] *= s * c.e[i];
+      Mat a = mm_tn(c.K, dU, n, Kd, Vd);
+      Mat b = mm_tn(c.Q, GdO, n, Kd, Vd);
+      for (size_t i = 0; i < kv; ++i) dS[i] = eg * dS[i] + a[i] + b[i];
+    }
 
     // Write out; the raw-gate gradient is the reverse cumsum of dg_s inside the chunk.
     std::copy(dq.begin(), dq.end(), gr.dq.begin() + t0 * Kd);

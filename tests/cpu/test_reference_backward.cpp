@@ -816,6 +816,23 @@ TEST(ReferenceBackward, KernelRoundingEmulation) {
         EXPECT_LT(rel_l2(g->dk, exact.dk), 1e-2);
       }
     }
+    // The dS pass's chain, as today and with the chunk's map folded first: the same recurrence up to
+    // bf16 roundings (a wrong fold would miss by O(1)). It feeds dh0 and, past the last chunk (whose dS
+    // is the user's), dk and dv; never dq.
+    for (const bwd::DsPass mode : {bwd::DsPass::kThreeRounds, bwd::DsPass::kOneRound}) {
+      SCOPED_TRACE(mode == bwd::DsPass::kOneRound ? "one round" : "three rounds");
+      const bwd::HeadGrads ds = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.ds_pass = mode});
+      EXPECT_EQ(ds.dq, exact.dq);
+      for (const auto& [name, got, want] : {std::tuple{"dk", &ds.dk, &exact.dk}, std::tuple{"dv", &ds.dv, &exact.dv},
+                                            std::tuple{"dh0", &ds.ds0, &exact.ds0}}) {
+        if (T <= reference::kChunk && got != &ds.ds0) {
+          EXPECT_EQ(*got, *want) << name;
+          continue;
+        }
+        EXPECT_GT(rel_l2(*got, *want), 0.0) << name;
+        EXPECT_LT(rel_l2(*got, *want), 1e-2) << name;
+      }
+    }
   }
 }
 

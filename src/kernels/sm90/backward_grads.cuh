@@ -281,6 +281,17 @@ struct BackwardGrads {
     return *reinterpret_cast<const float2*>((is_k && row < kDkHeadRows ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
+  // The staged dq (or dk) at this thread's accumulator positions of group g's columns, added to acc.
+  static __device__ __forceinline__ void add_staged_partial(const SharedStorage& s, bool is_k, int group, Acc& acc) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 x = staged_partial(s, is_k, acc_row(e), 64 * group + acc_col(j, e));
+        acc[4 * j + e] += x.x, acc[4 * j + e + 1] += x.y;
+      }
+  }
+
   // The running sum staged by run_item (dq in Vd, dVd; dk rows 0..31 in dU, 32..63 in dA_r, dP) to
   // HBM by bulk store (one bulk group: waited for its reads before stage B, in full before the next
   // item's bulk loads of it).
@@ -668,13 +679,7 @@ struct BackwardGrads {
     if (add_partial) {  // the group's running dq sum into dq (stage E accumulates onto it)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const float2 pq = staged_partial(s, false, acc_row(e), 64 * group + acc_col(j, e));
-          dq[4 * j + e] += pq.x, dq[4 * j + e + 1] += pq.y;
-        }
+      add_staged_partial(s, false, group, dq);
       __syncthreads();  // every read of the staged dq done
       if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
     }
@@ -720,13 +725,7 @@ struct BackwardGrads {
     if (add_partial) {  // the group's running dk sum
       tma::wait(&s.partial_dk, staged_sums % 2);
       timeline_mark(p, group, it.ordinal, 8);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const float2 pk = staged_partial(s, true, acc_row(e), 64 * group + acc_col(j, e));
-          dk[4 * j + e] += pk.x, dk[4 * j + e + 1] += pk.y;
-        }
+      add_staged_partial(s, true, group, dk);
     }
     if (bp.group_sums && group_rank + 1 < group_size) {
       // The running sum for the group's next v-head, staged for run()'s bulk store: dq in Vd, dVd
