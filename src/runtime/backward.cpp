@@ -8,8 +8,8 @@
 //                      for the pre-pass Ag in the input dtype and the chunks' gate records
 //   fused_forward      the register-state forward (v4) on Ag, o not written (with d_final_state
 //                      the state update's operand as hi + lo); S^T entering every chunk into
-//                      chunk_states, in the input dtype (with CP: [segment_offsets],
-//                      leading windows, then the CP forward passes)
+//                      chunk_states, in the input dtype (with CP: leading windows, then
+//                      the CP forward passes; the segment table comes with chunk_offsets)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
@@ -139,7 +139,10 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::BackwardParams bp;
   kern::ForwardParams& p = bp.fwd;
-  if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p); !s.ok()) return s;
+  if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p, cp_segment_offsets(in, layout.cp, layout.cp_regions, ws),
+                              layout.cp.segment_chunks);
+      !s.ok())
+    return s;
   p.inverse = ws + layout.inverse;
   p.gated_inverse_out = ws + layout.gated_inverse;
   p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
@@ -153,7 +156,7 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
     if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
   }
   if (layout.cp.enabled) {  // leading windows first: the pre-pass forms M_j where they are missing
-    if (auto s = bind_cp(p, in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
+    bind_cp(p, in, layout.cp, layout.cp_regions, ws);
     p.grad_window_chunks = reinterpret_cast<int32_t*>(ws + layout.grad_window_chunks);
     p.shard = phase != ShardPhase::kNone;
     p.transition_for_last = problem.d_final_state.present();

@@ -83,7 +83,7 @@ InputLayout input_layout(const Inputs& in) {
 }
 
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* ws, cudaStream_t stream,
-                      kern::ForwardParams& p) {
+                      kern::ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks) {
   const Shape& shape = in.shape;
   const kern::ElemKind elem = elem_kind(in);
   p.q = in.q.data;
@@ -131,7 +131,8 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
   p.cu_seqlens_is_i64 = in.varlen.dtype == DType::kI64;
   p.chunk_offsets = in.varlen.present() ? reinterpret_cast<int32_t*>(ws + layout.chunk_offsets) : nullptr;
   p.max_chunks = chunk_bound(in);
-  if (in.varlen.present()) return cuda_status(kern::launch_chunk_offsets(p, stream), "chunk_offsets");
+  if (in.varlen.present())
+    return cuda_status(kern::launch_chunk_offsets(p, segment_offsets, segment_chunks, stream), "chunk_offsets");
   return {};
 }
 

@@ -46,9 +46,11 @@ struct InputLayout {
 InputLayout input_layout(const Inputs& in);
 
 // The input side of p: q, k (L2-normalised into the workspace when asked, launching l2norm_rows),
-// v, g, beta, initial_state, problem sizes, varlen tables (launching chunk_offsets).
+// v, g, beta, initial_state, problem sizes, varlen tables (launching chunk_offsets; with
+// segment_offsets, a varlen CP call's segment table of segment_chunks-chunk segments in the same
+// launch: bind_cp then only binds it).
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* workspace, cudaStream_t stream,
-                      kern::ForwardParams& p);
+                      kern::ForwardParams& p, int32_t* segment_offsets = nullptr, int64_t segment_chunks = 0);
 
 }  // namespace flashgdn::detail
 

@@ -4,10 +4,11 @@
 // Launch sequence:
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   (short sequences, use_recurrent_decode: recurrent_decode and [zero_padding] only)
-//   [chunk_offsets]    only in varlen mode: first global chunk of each sequence
+//   [chunk_offsets]    only in varlen mode: first global chunk of each sequence (with CP also the
+//                      first segment of each sequence, in the same launch)
 //   chunk_inverse      A_r per (chunk, v-head) into the workspace
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
-//     [segment_offsets], cp_windows, fused_forward (state pass), cp_correction
+//     cp_windows, fused_forward (state pass), cp_correction
 //   fused_forward      per (sequence or segment, v-head): o and the final state
 //   [zero_padding]     only in varlen mode, unless the host copy of cu_seqlens shows no padding:
 //                      o of tokens past cu_seqlens[N]
@@ -127,8 +128,12 @@ std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t o
   return offset;
 }
 
-Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
-               unsigned char* ws, cudaStream_t stream) {
+int32_t* cp_segment_offsets(const Inputs& in, const CpDecision& cp, const CpRegions& regions, unsigned char* ws) {
+  return cp.enabled && in.varlen.present() ? reinterpret_cast<int32_t*>(ws + regions.segment_offsets) : nullptr;
+}
+
+void bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
+             unsigned char* ws) {
   p.segment_chunks = cp.segment_chunks;
   p.max_segments = cp.max_segments;
   p.decay_threshold = in.context_parallelism.decay_threshold;
@@ -137,9 +142,7 @@ Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, c
   p.segment_transitions = reinterpret_cast<float*>(ws + regions.segment_transitions);
   p.segment_starts = reinterpret_cast<float*>(ws + regions.segment_starts);
   p.cp_pass = kern::kCpMainPass;
-  if (!in.varlen.present()) return {};
-  p.segment_offsets = reinterpret_cast<int32_t*>(ws + regions.segment_offsets);
-  return cuda_status(kern::launch_segment_offsets(p, stream), "segment_offsets");
+  p.segment_offsets = cp_segment_offsets(in, cp, regions, ws);
 }
 
 Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
@@ -254,7 +257,10 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
 
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::ForwardParams p;
-  if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p); !s.ok()) return s;
+  if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p,
+                              cp_segment_offsets(problem.in, layout.cp, layout.cp_regions, ws), layout.cp.segment_chunks);
+      !s.ok())
+    return s;
   p.timeline = g_timeline;
   p.o = problem.o.data;
   p.o_strides = row_strides(problem.o);
@@ -301,7 +307,7 @@ Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant
       return s;
   }
   if (layout.cp.enabled) {
-    if (auto s = bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws, stream); !s.ok()) return s;
+    bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws);
   }
   p.shard = phase != ShardPhase::kNone;
   p.shard_maps = static_cast<float*>(problem.shard_maps.data);

@@ -47,9 +47,12 @@ struct CpRegions {
 };
 // Appends the regions at `offset` (aligned); returns the new end.
 std::size_t add_cp_regions(const Inputs& in, const CpDecision& cp, std::size_t offset, CpRegions& regions);
-// Points p's CP fields at the regions and launches segment_offsets (varlen).
-Status bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
-               unsigned char* workspace, cudaStream_t stream);
+// Where a varlen CP call's segment table goes (null without CP or varlen): prepare_inputs computes it
+// with the chunk table, in one launch.
+int32_t* cp_segment_offsets(const Inputs& in, const CpDecision& cp, const CpRegions& regions, unsigned char* workspace);
+// Points p's CP fields at the regions.
+void bind_cp(kern::ForwardParams& p, const Inputs& in, const CpDecision& cp, const CpRegions& regions,
+             unsigned char* workspace);
 // Which fused forward kernel runs: kAuto = auto_forward_kernel's choice with the bf16 inverse in
 // forward_with, the wgmma kernel in launch_forward_passes (the mma.sync kernel when a V split is
 // forced); kMmaSync = fused_forward.cuh (mma.sync, with its V split); kWgmma = the wgmma one;

@@ -4,7 +4,10 @@
 // tensor's end arrive as zeros. Then the 4-D token maps of the fused forward (encode_token_map,
 // load_4d): boxes of 64 tokens x 64 columns of one head and batch row of a (2, 100, 3, 128) tensor
 // with padded strides, tokens past the end as zeros, and a map whose extent-1 head and batch
-// dimensions carry strides TMA could not take (they are never stepped).
+// dimensions carry strides TMA could not take (they are never stepped). Then the fp32 block maps of
+// the CP chains (encode_block_map): from a workspace of three [128][128] fp32 blocks, block 2's four
+// column panels and block 1's columns 64..95 land as [128][32] panels where tma::fp32_panel_offset
+// says.
 // Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -87,6 +90,29 @@ __global__ void load_token_box(const __grid_constant__ CUtensorMap map, TokenBox
   atomicAdd(mismatches, bad);
 }
 
+constexpr int kBlockFloats = 128 * 128, kPanelBytes = 128 * 32 * 4;
+
+// Boxes of a block map: block 2's columns 0..127 as four panels, block 1's columns 64..95 as a fifth.
+__global__ void load_block_panels(const __grid_constant__ CUtensorMap map, const float* global, int* mismatches) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ uint64_t barrier;
+  init_barrier(&barrier);
+  if (threadIdx.x == 0) {
+    tma::arrive_expect_bytes(&barrier, 5 * kPanelBytes);
+    for (int panel = 0; panel < 4; ++panel) tma::load_2d(smem + panel * kPanelBytes, &map, &barrier, 32 * panel, 2 * 128);
+    tma::load_2d(smem + 4 * kPanelBytes, &map, &barrier, 64, 1 * 128);
+  }
+  tma::wait(&barrier, 0);
+  int bad = 0;
+  for (int e = threadIdx.x; e < 5 * 128 * 32; e += blockDim.x) {
+    const int panel = e / (128 * 32), row = (e / 32) % 128, col = e % 32;
+    const float want = panel < 4 ? global[2 * kBlockFloats + row * 128 + 32 * panel + col]
+                                 : global[1 * kBlockFloats + row * 128 + 64 + col];
+    bad += *reinterpret_cast<const float*>(smem + panel * kPanelBytes + tma::fp32_panel_offset(row, col)) != want;
+  }
+  atomicAdd(mismatches, bad);
+}
+
 // `host` in device memory and a zeroed mismatch counter, freed with the object.
 struct Upload {
   uint16_t* global = nullptr;
@@ -156,6 +182,33 @@ int check_token_maps() {
   return up.mismatch_count();
 }
 
+// The fp32 block map; returns the mismatching elements (-1 on an encoding or CUDA error).
+int check_block_map() {
+  std::vector<float> host(3 * kBlockFloats);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 1.f + static_cast<float>(i);  // distinct, exact in fp32
+  float* global = nullptr;
+  int* mismatches = nullptr;
+  cudaMalloc(&global, host.size() * 4);
+  cudaMalloc(&mismatches, sizeof(int));
+  cudaMemcpy(global, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemset(mismatches, 0, sizeof(int));
+  CUtensorMap map;
+  int bad = -1;
+  if (flashgdn::kern::encode_block_map(&map, global, 3, 32) != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled refused the block map\n");
+  } else {
+    cudaFuncSetAttribute(load_block_panels, cudaFuncAttributeMaxDynamicSharedMemorySize, 5 * kPanelBytes);
+    load_block_panels<<<1, 256, 5 * kPanelBytes>>>(map, global, mismatches);
+    if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
+      std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+    else
+      cudaMemcpy(&bad, mismatches, sizeof(int), cudaMemcpyDeviceToHost);
+  }
+  cudaFree(global);
+  cudaFree(mismatches);
+  return bad;
+}
+
 }  // namespace
 
 int main() {
@@ -167,5 +220,8 @@ int main() {
   std::printf("TMA 4-D token boxes (padded strides, zero fill past token 100, extent-1 strides replaced): %d "
               "mismatching elements: %s\n",
               bad_4d, bad_4d == 0 ? "ok" : "FAIL");
-  return bad_2d == 0 && bad_4d == 0 ? 0 : 1;
+  const int bad_blocks = check_block_map();
+  std::printf("TMA fp32 block map (5 panels of [128][32], 128B swizzle): %d mismatching elements: %s\n", bad_blocks,
+              bad_blocks == 0 ? "ok" : "FAIL");
+  return bad_2d == 0 && bad_4d == 0 && bad_blocks == 0 ? 0 : 1;
 }

@@ -22,10 +22,12 @@
 //                      -> segment_starts. The copies (window) depend on nothing: all at once
 //                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
 //                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
-//                      step j + 1's M and S* are loaded (cp.async) while step j computes when
-//                      step j + 1 is an M step too (one barrier per step; two for an M step after
-//                      a copy, whose start slice is read back); the running slice ping-pongs
-//                      between two buffers
+//                      step j + 1's M and S* are loaded (TMA boxes into 128-byte-swizzled
+//                      panels, StepLoads) while step j computes when step j + 1 is an M step too
+//                      (one barrier per step; two for an M step after a copy, whose start slice
+//                      is read back); the running slice ping-pongs between two buffers. The
+//                      copies and M steps go in blocks of kFlagSteps steps, their apply-M flags
+//                      read into shared memory first
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -39,7 +41,9 @@
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
+#include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/timeline.cuh"
+#include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
 
 namespace flashgdn::kern {
@@ -164,62 +168,87 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
 }
 
 constexpr int kSliceCols = 32;             // state columns per correction CTA
-constexpr int kPitchM = kHeadDim + 4;      // floats per row of M in shared memory (16-byte rows)
-constexpr int kPitchS = kSliceCols + 4;    // floats per row of a state slice (16-byte rows; B
-                                           // fragment reads conflict-free)
+constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
+constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
 constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
+static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
 
 using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
-// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other.
+// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other, each
+// as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
 struct CorrectionStorage {
-  alignas(16) float m[2][kHeadDim * kPitchM];
-  alignas(16) float base[2][kHeadDim * kPitchS];
+  alignas(1024) unsigned char m[2][kHeadDim / kPanelCols][kPanelBytes];  // M's column panels
+  alignas(1024) unsigned char base[2][kPanelBytes];                      // the base slice
   // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
   // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
   SliceTile s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   uint8_t apply_m[kFlagSteps];
+  alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (StepLoads)
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
-// A correction step's inputs into buffer `buf` (cp.async, one commit group): the base slice
-// (columns col0 .. col0 + 31 of a [128][128] fp32 workspace state; zeros when base is null) and,
-// when apply_m, all of M. Thread tid moves 16-byte unit tid % U of rows tid / U + i * (256 / U)
-// (U units a row): fixed trip counts, so each copy is one offset from the thread's first (a
-// generic strided loop cost ~25 integer instructions a copy, most of a step's instructions).
-__device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, int buf, const float* base,
-                                                     const float* m, bool apply_m, int col0) {
-  const unsigned tid = threadIdx.x;
-  {
-    constexpr int kUnits = kSliceCols / 4, kRowStep = kCorrectionThreads / kUnits;
-    const unsigned row = tid / kUnits, vec = tid % kUnits;
-    float* to = &smem.base[buf][row * kPitchS + 4 * vec];
-    if (base != nullptr) {
-      const float* from = base + row * kHeadDim + col0 + 4 * vec;
+// Element (row, col) of a [128][32] fp32 panel as the TMA box left it (tma::fp32_panel_offset).
+__device__ __forceinline__ const float* panel_element(const unsigned char* panel, int row, int col) {
+  return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
+}
+
+// The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
+// 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
+struct StepMaps {
+  CUtensorMap base, m;  // the base slice's workspace, M's
+};
+struct StepBlocks {
+  int64_t base = -1, m = -1;  // the step's blocks in them (-1: zeros for the base, no M)
+};
+
+// A correction step's inputs into buffer `buf`: the base slice (columns col0 .. col0 + 31 of its
+// block; zeros without one) and M (4 panels) when the step applies it, by TMA boxes on mbarrier
+// loaded[buf] (thread 0). (16-byte cp.async from every thread kept ~8 KiB in flight per SM, ~3 us for a
+// step's 80 KiB; 256 row-sized bulk copies were slower still.) Called by every thread (zeros are
+// plain stores, ordered by the caller's barrier); each call is waited for once by StepLoads::wait.
+__device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, const StepMaps& maps, int buf,
+                                                     StepBlocks blocks, int col0) {
+  if (threadIdx.x == 0) {
+    uint64_t* barrier = &smem.loaded[buf];
+    tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? kHeadDim * kHeadDim * 4 : 0));
+    if (blocks.base >= 0) tma::load_2d(smem.base[buf], &maps.base, barrier, col0, static_cast<int>(blocks.base * kHeadDim));
+    if (blocks.m >= 0) {
 #pragma unroll
-      for (int i = 0; i < kHeadDim / kRowStep; ++i)
-        cp_async_16(to + i * kRowStep * kPitchS, from + i * kRowStep * kHeadDim, true);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / kRowStep; ++i)
-        *reinterpret_cast<float4*>(to + i * kRowStep * kPitchS) = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int panel = 0; panel < kHeadDim / kPanelCols; ++panel)
+        tma::load_2d(smem.m[buf][panel], &maps.m, barrier, panel * kPanelCols, static_cast<int>(blocks.m * kHeadDim));
     }
   }
-  if (apply_m) {
-    constexpr int kUnits = kHeadDim / 4, kRowStep = kCorrectionThreads / kUnits;
-    const unsigned row = tid / kUnits, vec = tid % kUnits;
-    float* to = &smem.m[buf][row * kPitchM + 4 * vec];
-    const float* from = m + row * kHeadDim + 4 * vec;
-#pragma unroll
-    for (int i = 0; i < kHeadDim / kRowStep; ++i)
-      cp_async_16(to + i * kRowStep * kPitchM, from + i * kRowStep * kHeadDim, true);
+  if (blocks.base < 0) {
+    for (int e = threadIdx.x; e < kPanelBytes / 16; e += kCorrectionThreads)
+      reinterpret_cast<float4*>(smem.base[buf])[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  cp_async_commit();
 }
+
+// The two buffers' load phases: init() by every thread at the kernel's start (thread 0 sets the
+// mbarriers up and prefetches the maps, then a barrier); wait(buf) blocks until buffer buf's latest
+// load_correction_step has landed (each load waited for exactly once, in issue order per buffer).
+struct StepLoads {
+  uint32_t phases = 0;  // bit b: the parity of buffer b's next load
+  __device__ __forceinline__ void init(CorrectionStorage& smem, const StepMaps& maps) {
+    if (threadIdx.x == 0) {
+      tma::barrier_init(&smem.loaded[0], 1);
+      tma::barrier_init(&smem.loaded[1], 1);
+      tma::fence_barrier_init();
+      tma::prefetch_map(&maps.base);
+      tma::prefetch_map(&maps.m);
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void wait(CorrectionStorage& smem, int buf) {
+    tma::wait(&smem.loaded[buf], (phases >> buf) & 1u);
+    phases ^= 1u << buf;
+  }
+};
 
 // One serial step of a correction, of parity t (buffers alternate between steps): next = base +
 // (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
@@ -232,17 +261,24 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, in
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   const int m0 = 16 * (threadIdx.x / 32);
+  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
   const SliceTile& s_in = smem.s[t ^ 1];
   float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
   if (apply_m) {
-    const float* m = smem.m[t];
+    // M's element (row, col), from its panel
+    auto m_at = [&](int row, int col) { return panel_element(smem.m[t][col / kPanelCols], row, col % kPanelCols); };
 #pragma unroll 2
     for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-      SplitA a;
-      if constexpr (kTransposed) {
-        load_split_a<Stored::kTransposed>(a, m + k0 * kPitchM + m0, kPitchM);  // A[i][k] = M[k][i]
-      } else {
-        load_split_a<Stored::kRowMajor>(a, m + m0 * kPitchM + k0, kPitchM);
+      SplitA a;  // a[q]: A's row m0 + r (+8 for q odd), columns k, k + 1 (k = k0 + c, +8 for q >= 2)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int row = m0 + r + 8 * (q % 2), k = k0 + c + 8 * (q / 2);
+        if constexpr (kTransposed) {  // A[i][k] = M[k][i]
+          split_pair(*m_at(k, row), *m_at(k + 1, row), a.hi[q], a.lo[q]);
+        } else {
+          const float2 pair = *reinterpret_cast<const float2*>(m_at(row, k));
+          split_pair(pair.x, pair.y, a.hi[q], a.lo[q]);
+        }
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -257,7 +293,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
       const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 base = *reinterpret_cast<const float2*>(&smem.base[t][row * kPitchS + col]);
+      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row, col));
       next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
     }
 #pragma unroll
@@ -355,13 +391,16 @@ __device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, i
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
+                                                                                 const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -382,9 +421,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   };
   auto start_of = [&](int64_t j) { return segment_block(p.segment_starts, p.num_v_heads, first + j, h); };
   auto load_step = [&](int64_t j, int buf) {
-    const int64_t prev = first + j - 1;
-    load_correction_step(smem, buf, segment_block(p.segment_ends, p.num_v_heads, prev, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, prev, h), true, col0);
+    const int64_t prev = (first + j - 1) * p.num_v_heads + h;  // S*_prev and M_prev
+    load_correction_step(smem, maps, buf, {prev, prev}, col0);
   };
   int t = 0;
   // The steps in blocks of kFlagSteps, their flags in shared memory.
@@ -415,7 +453,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
         load_step(j, t);
       }
       const int64_t next = next_m_step(j + 1);
-      cp_async_wait<0>();  // step j's inputs
+      loads.wait(smem, t);  // step j's inputs
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 1);
       __syncthreads();     // ... visible to every thread, with the previous step's slice
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
@@ -434,11 +472,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
 // segment has a window: the shard forgets its entering state). Both into p.shard_maps; an empty
 // sequence's maps are S_0. Same thread layout, prefetching and barrier per step as the forward
 // correction, with the step's output written straight to the map (the last write is S_J).
-__global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const ForwardParams p,
+                                                                              const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   constexpr int kSlices = kHeadDim / kSliceCols;
   const int role = static_cast<int>(blockIdx.z) / kSlices;
   const auto [n, first, count, h, col0] = correction_slice(p, static_cast<int>(blockIdx.z) % kSlices);
@@ -456,13 +497,13 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
     return (role == 1 || j > 0) && p.window_chunks[(first + j) * p.num_v_heads + h] == 0;
   };
   auto load_step = [&](int64_t j, int buf) {
-    load_correction_step(smem, buf, role == 0 ? segment_block(p.segment_ends, p.num_v_heads, first + j, h) : nullptr,
-                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), apply_m(j), col0);
+    const int64_t block = (first + j) * p.num_v_heads + h;  // S*_j (role 0) and M_j
+    load_correction_step(smem, maps, buf, {role == 0 ? block : -1, apply_m(j) ? block : -1}, col0);
   };
   if (count > 0) load_step(0, 0);
   for (int64_t j = 0; j < count; ++j) {
     const int t = static_cast<int>(j & 1);
-    cp_async_wait<0>();  // step j's inputs
+    loads.wait(smem, t);  // step j's inputs
     __syncthreads();     // ... visible everywhere, with step j - 1's slice; step j - 1 is done everywhere
     if (j + 1 < count) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, apply_m(j), map, col0);
@@ -472,11 +513,14 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
 // forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
-__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp) {
+__global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp,
+                                                                                      const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   const ForwardParams& p = bp.fwd;
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -499,8 +543,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   };
   auto grad_end_of = [&](int64_t j) { return segment_block(bp.segment_grad_ends, p.num_v_heads, first + j, h); };
   auto load_step = [&](int64_t j, int buf) {
-    load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h),
-                         segment_block(p.segment_transitions, p.num_v_heads, first + j, h), true, col0);
+    const int64_t block = (first + j) * p.num_v_heads + h;  // dS*_j and M_j
+    load_correction_step(smem, maps, buf, {block, block}, col0);
   };
   int t = 0;
   // The steps in blocks of kFlagSteps from the last, their flags in shared memory.
@@ -530,7 +574,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
         load_step(j, t);
       }
       const int64_t next = previous_m_step(j - 1);
-      cp_async_wait<0>();
+      loads.wait(smem, t);
       __syncthreads();
       prefetched = next == j - 1 && next >= begin;
       if (prefetched) load_step(next, t ^ 1);
@@ -543,11 +587,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
 
 // (backward shard map) dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 0; D = dS_0
 // into bp.shard_grad (an empty sequence's D is zero). Same layout, prefetching and barrier per step.
-__global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(const BackwardParams bp) {
+__global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(const BackwardParams bp,
+                                                                                   const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   const ForwardParams& p = bp.fwd;
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -562,13 +609,13 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   auto segment = [&](int64_t i) { return first + count - 1 - i; };
   auto apply_m = [&](int64_t i) { return i > 0 && p.grad_window_chunks[segment(i) * p.num_v_heads + h] == 0; };
   auto load_step = [&](int64_t i, int buf) {
-    load_correction_step(smem, buf, segment_block(bp.segment_grad_starts, p.num_v_heads, segment(i), h),
-                         segment_block(p.segment_transitions, p.num_v_heads, segment(i), h), apply_m(i), col0);
+    const int64_t block = segment(i) * p.num_v_heads + h;  // dS*_x and M_x
+    load_correction_step(smem, maps, buf, {block, apply_m(i) ? block : -1}, col0);
   };
   if (count > 0) load_step(0, 0);
   for (int64_t i = 0; i < count; ++i) {
     const int t = static_cast<int>(i & 1);
-    cp_async_wait<0>();
+    loads.wait(smem, t);
     __syncthreads();
     if (i + 1 < count) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, apply_m(i), map, col0);
@@ -578,18 +625,18 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
 // (ranks) S_0 = h0, S_{j+1} = E_j + M_j S_j over the gathered maps of every rank; S_rank ->
 // entering (a plain [128][128] block), S_world -> final_state (user layout and dtype, from the last
 // slice in shared memory). Same layout, prefetching and barrier per step as the corrections.
-__global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const ShardScanParams a) {
+__global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const ShardScanParams a,
+                                                                           const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   constexpr int64_t kBlock = kHeadDim * kHeadDim;
-  auto map = [&](int j, int role) {  // role 0: E_j, 1: M_j
-    return a.maps + ((static_cast<int64_t>(j) * 2 + role) * a.num_seqs + n) * a.num_v_heads * kBlock + h * kBlock;
-  };
   float* entering = a.entering + (n * a.num_v_heads + h) * kBlock;
   const StateBlock h0 = user_state(a.initial_state, a.initial_state_strides, a.state_vk, n, h, a.initial_state_bf16);
 #pragma unroll
@@ -598,11 +645,14 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
     smem.s[1].store(k, c0 + i, x);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x;
   }
-  auto load_step = [&](int j, int buf) { load_correction_step(smem, buf, map(j, 0), map(j, 1), true, col0); };
+  auto load_step = [&](int j, int buf) {  // E_j and M_j, blocks of a.maps
+    const int64_t block = (static_cast<int64_t>(j) * 2 * a.num_seqs + n) * a.num_v_heads + h;
+    load_correction_step(smem, maps, buf, {block, block + a.num_seqs * a.num_v_heads}, col0);
+  };
   if (a.world > 0) load_step(0, 0);
   for (int j = 0; j < a.world; ++j) {
     const int t = j & 1;
-    cp_async_wait<0>();
+    loads.wait(smem, t);
     __syncthreads();
     if (j + 1 < a.world) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, true, j + 1 == a.rank ? entering : nullptr, col0);  // S_{j+1} -> s[t]
@@ -623,19 +673,19 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
 
 // (ranks, reverse) dS_world = dht, dS_j = D_j + M_j^T dS_{j+1} for j = world-1 .. rank+1 -> d_out
 // (dht itself when this rank holds the last slice). Same layout and protocol as the corrections.
-__global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(const ShardGradScanParams a) {
+__global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(const ShardGradScanParams a,
+                                                                                const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  StepLoads loads;
+  loads.init(smem, maps);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   constexpr int64_t kBlock = kHeadDim * kHeadDim;
   const int steps = a.world - 1 - a.rank;
-  auto slot = [&](const float* base, int j, int64_t rows_per_rank, int64_t row) {
-    return base + ((static_cast<int64_t>(j) * rows_per_rank + row) * a.num_v_heads + h) * kBlock;
-  };
   float* d_out = a.d_out + (n * a.num_v_heads + h) * kBlock;
   const StateBlock dht = user_state(a.d_final_state, a.d_final_state_strides, a.state_vk, n, h);
 #pragma unroll
@@ -645,15 +695,15 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x;
   }
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
-  auto load_step = [&](int i, int buf) {
-    const int j = a.world - 1 - i;
-    load_correction_step(smem, buf, slot(a.reaching, j, a.num_seqs, n), slot(a.maps, j, 2 * a.num_seqs, a.num_seqs + n),
-                         true, col0);
+  auto load_step = [&](int i, int buf) {  // D_j (a block of a.reaching) and M_j (of a.maps)
+    const int64_t j = a.world - 1 - i;
+    load_correction_step(smem, maps, buf, {(j * a.num_seqs + n) * a.num_v_heads + h,
+                                           (j * 2 * a.num_seqs + a.num_seqs + n) * a.num_v_heads + h}, col0);
   };
   if (steps > 0) load_step(0, 0);
   for (int i = 0; i < steps; ++i) {
     const int t = i & 1;
-    cp_async_wait<0>();
+    loads.wait(smem, t);
     __syncthreads();
     if (i + 1 < steps) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, true, i + 1 == steps ? d_out : nullptr, col0);
@@ -674,28 +724,46 @@ __global__ void state_store_kernel(const float* src, float* states, const int64_
   }
 }
 
+// A step map over `blocks` [128][128] fp32 blocks at `base` (tensor_map.h); zeros (never used: no
+// step reads it) without any.
+cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
+  *map = CUtensorMap{};
+  if (base == nullptr || blocks <= 0) return cudaSuccess;
+  if (blocks > INT32_MAX / kHeadDim) return cudaErrorInvalidValue;  // TMA row coordinates are int32
+  return encode_block_map(map, base, static_cast<uint64_t>(blocks), kPanelCols) == CUDA_SUCCESS ? cudaSuccess
+                                                                                              : cudaErrorInvalidValue;
+}
+
 // A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
 // the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
-// shared memory.
+// shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
 template <typename Params>
-cudaError_t launch_segment_chain(void (*kernel)(Params), const Params& params, int64_t num_seqs, int num_v_heads,
-                                 int roles, cudaStream_t stream) {
+cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params& params, const float* base,
+                                 int64_t blocks_base, const float* m, int64_t blocks_m, int64_t num_seqs,
+                                 int num_v_heads, int roles, cudaStream_t stream) {
   if (num_seqs == 0 || num_v_heads == 0) return cudaSuccess;
+  StepMaps maps;
+  if (auto err = step_map(&maps.base, base, blocks_base); err != cudaSuccess) return err;
+  if (auto err = step_map(&maps.m, m, blocks_m); err != cudaSuccess) return err;
   constexpr int smem = sizeof(CorrectionStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kSliceCols),
-                       kCorrectionThreads, smem, stream, params);
+                       kCorrectionThreads, smem, stream, params, maps);
 }
 
 }  // namespace
 
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
-  return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+  const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
+  return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
+                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
-  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+  const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
+  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
+                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 template <ElemKind E>
@@ -709,15 +777,21 @@ template cudaError_t launch_cp_windows<ElemKind::kBF16>(const ForwardParams&, in
 template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int32_t*, bool, cudaStream_t);
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
-  return launch_segment_chain(cp_shard_maps_kernel, p, p.num_seqs, p.num_v_heads, 2, stream);  // roles E and M
+  const int64_t blocks = p.max_segments * p.num_v_heads;
+  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks, p.num_seqs,
+                              p.num_v_heads, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {
-  return launch_segment_chain(shard_scan_kernel, params, params.num_seqs, params.num_v_heads, 1, stream);
+  const int64_t blocks = int64_t{params.world} * 2 * params.num_seqs * params.num_v_heads;  // E and M of every rank
+  return launch_segment_chain(shard_scan_kernel, params, params.maps, blocks, params.maps, blocks, params.num_seqs,
+                              params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream) {
-  return launch_segment_chain(shard_grad_scan_kernel, params, params.num_seqs, params.num_v_heads, 1, stream);
+  const int64_t reaching = int64_t{params.world} * params.num_seqs * params.num_v_heads;
+  return launch_segment_chain(shard_grad_scan_kernel, params, params.reaching, reaching, params.maps, 2 * reaching,
+                              params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
@@ -728,7 +802,9 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
 }
 
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
-  return launch_segment_chain(cp_correction_kernel, p, p.num_seqs, p.num_v_heads, 1, stream);
+  const int64_t blocks = p.max_segments * p.num_v_heads;
+  return launch_segment_chain(cp_correction_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
+                              p.num_seqs, p.num_v_heads, 1, stream);
 }
 
 }  // namespace flashgdn::kern

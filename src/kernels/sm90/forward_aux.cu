@@ -41,36 +41,46 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
 }
 
 // offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / chunks_per_item): chunks (1) or CP segments;
-// with whole_items, sum_{j < i} floor(len_j / (64 chunks_per_item)): state checkpoints.
+// with whole_items, sum_{j < i} floor(len_j / (64 chunks_per_item)): state checkpoints. With `second`
+// (a varlen CP call's segment table, computed in the chunk table's launch), also second[i] = sum_{j < i}
+// ceil(ceil(len_j / 64) / second_chunks).
 __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item,
-                                    bool whole_items) {
+                                    bool whole_items, int32_t* second, int64_t second_chunks) {
   wait_for_previous_grid();
   release_next_grid();
-  __shared__ int32_t carry;
-  if (threadIdx.x == 0) carry = 0;
+  __shared__ int2 carry;
+  if (threadIdx.x == 0) carry = make_int2(0, 0);
   __syncthreads();
   for (int64_t base = 0; base <= p.num_seqs; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
-    int32_t chunks = 0;  // items of sequence i - 1 (exclusive prefix)
+    int2 items = make_int2(0, 0);  // items of sequence i - 1 (exclusive prefix): offsets', second's
     if (i >= 1 && i <= p.num_seqs) {
       const int64_t length = cu_seqlens_at(p, i) - cu_seqlens_at(p, i - 1);
       const int64_t seq_chunks = (length + kChunk - 1) / kChunk;
-      chunks = static_cast<int32_t>(whole_items ? length / (kChunk * chunks_per_item)
-                                                : (seq_chunks + chunks_per_item - 1) / chunks_per_item);
+      items.x = static_cast<int32_t>(whole_items ? length / (kChunk * chunks_per_item)
+                                                 : (seq_chunks + chunks_per_item - 1) / chunks_per_item);
+      if (second != nullptr) items.y = static_cast<int32_t>((seq_chunks + second_chunks - 1) / second_chunks);
     }
-    // Block-wide inclusive scan of `chunks` (Hillis-Steele through shared memory).
-    __shared__ int32_t scan[1024];
-    scan[threadIdx.x] = chunks;
+    // Block-wide inclusive scan of both counts (Hillis-Steele through shared memory).
+    __shared__ int2 scan[1024];
+    scan[threadIdx.x] = items;
     __syncthreads();
     for (int offset = 1; offset < static_cast<int>(blockDim.x); offset *= 2) {
-      const int32_t add = threadIdx.x >= static_cast<unsigned>(offset) ? scan[threadIdx.x - offset] : 0;
+      const int2 add = threadIdx.x >= static_cast<unsigned>(offset) ? scan[threadIdx.x - offset] : make_int2(0, 0);
       __syncthreads();
-      scan[threadIdx.x] += add;
+      scan[threadIdx.x].x += add.x;
+      scan[threadIdx.x].y += add.y;
       __syncthreads();
     }
-    if (i <= p.num_seqs) offsets[i] = carry + scan[threadIdx.x];
+    if (i <= p.num_seqs) {
+      offsets[i] = carry.x + scan[threadIdx.x].x;
+      if (second != nullptr) second[i] = carry.y + scan[threadIdx.x].y;
+    }
     __syncthreads();
-    if (threadIdx.x == blockDim.x - 1) carry += scan[threadIdx.x];
+    if (threadIdx.x == blockDim.x - 1) {
+      carry.x += scan[threadIdx.x].x;
+      carry.y += scan[threadIdx.x].y;
+    }
     __syncthreads();
   }
 }
@@ -127,16 +137,15 @@ template cudaError_t launch_l2norm_rows<ElemKind::kBF16>(const void*, int64_t, i
 template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, int64_t, int64_t, int64_t,
                                                         int64_t, int64_t, void*, cudaStream_t);
 
-cudaError_t launch_chunk_offsets(const ForwardParams& p, cudaStream_t stream) {
-  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.chunk_offsets, int64_t{1}, false);
-}
-
-cudaError_t launch_segment_offsets(const ForwardParams& p, cudaStream_t stream) {
-  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.segment_offsets, p.segment_chunks, false);
+cudaError_t launch_chunk_offsets(const ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks,
+                                 cudaStream_t stream) {
+  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.chunk_offsets, int64_t{1}, false,
+                       segment_offsets, segment_chunks);
 }
 
 cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream) {
-  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.checkpoint_offsets, p.checkpoint_chunks, true);
+  return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.checkpoint_offsets, p.checkpoint_chunks, true,
+                       static_cast<int32_t*>(nullptr), int64_t{0});
 }
 
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream) {

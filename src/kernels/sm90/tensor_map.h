@@ -42,6 +42,20 @@ inline CUresult encode_panel_map(CUtensorMap* map, const void* base, uint64_t ro
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+// Workspace of `blocks` contiguous [128][128] fp32 blocks as a [blocks x 128 rows][128] tensor; boxes
+// of 128 rows x box_cols columns (box_cols x 4 <= 128 bytes: one 128-byte-swizzled panel).
+inline CUresult encode_block_map(CUtensorMap* map, const float* base, uint64_t blocks, uint32_t box_cols) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t dims[2] = {128, blocks * 128};
+  const cuuint64_t strides[1] = {128 * 4};
+  const cuuint32_t box[2] = {box_cols, 128};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 // Tensor (batch, tokens, heads, cols) of 2-byte elements, unit stride on cols, the other strides in
 // elements (multiples of 8 where the extent exceeds 1); boxes of 64 tokens x 64 columns of one
 // head and batch row, each one swizzled panel [64 tokens][64] (tma::load_4d at (col, head, token,

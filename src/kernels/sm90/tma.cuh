@@ -66,6 +66,13 @@ __device__ __forceinline__ bool test_wait(uint64_t* barrier, uint32_t phase) {
   return done != 0;
 }
 
+// Byte offset of element (row, col) in a [rows][32] fp32 panel as a 128-byte-swizzled box with a
+// 128-byte inner extent lands (1024-byte-aligned destination): 16-byte unit u of row r at unit
+// u ^ (r % 8). A pair (col even) stays in its unit.
+__host__ __device__ __forceinline__ int fp32_panel_offset(int row, int col) {
+  return row * 128 + (((col / 4) ^ (row % 8)) * 16) + (col % 4) * 4;
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory into `dst`.
 __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
