@@ -409,9 +409,10 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                      : sequence_final_state(p, n, h);
   if (first_start.base != nullptr) {
+    float x[16];
+    h0.load_row(k, col0 + c0, x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      first_start.store(k, col0 + c0 + i, h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i));
+    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
   }
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
@@ -525,16 +526,18 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
+  float x[16];
+  dht.load_row(k, col0 + c0, x);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
     StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
     if (dh0.base != nullptr) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) dh0.store(k, col0 + c0 + i, dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i));
+      for (int i = 0; i < 16; ++i) dh0.store(k, col0 + c0 + i, x[i]);
     }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i));
+  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -639,11 +642,12 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   constexpr int64_t kBlock = kHeadDim * kHeadDim;
   float* entering = a.entering + (n * a.num_v_heads + h) * kBlock;
   const StateBlock h0 = user_state(a.initial_state, a.initial_state_strides, a.state_vk, n, h, a.initial_state_bf16);
+  float x[16];
+  h0.load_row(k, col0 + c0, x);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float x = h0.base == nullptr ? 0.f : h0.load(k, col0 + c0 + i);
-    smem.s[1].store(k, c0 + i, x);  // S_0, read by step 0
-    if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x;
+    smem.s[1].store(k, c0 + i, x[i]);  // S_0, read by step 0
+    if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x[i];
   }
   auto load_step = [&](int j, int buf) {  // E_j and M_j, blocks of a.maps
     const int64_t block = (static_cast<int64_t>(j) * 2 * a.num_seqs + n) * a.num_v_heads + h;
@@ -688,11 +692,12 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   const int steps = a.world - 1 - a.rank;
   float* d_out = a.d_out + (n * a.num_v_heads + h) * kBlock;
   const StateBlock dht = user_state(a.d_final_state, a.d_final_state_strides, a.state_vk, n, h);
+  float x[16];
+  dht.load_row(k, col0 + c0, x);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float x = dht.base == nullptr ? 0.f : dht.load(k, col0 + c0 + i);
-    smem.s[1].store(k, c0 + i, x);  // read by step 0
-    if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x;
+    smem.s[1].store(k, c0 + i, x[i]);  // read by step 0
+    if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x[i];
   }
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
   auto load_step = [&](int i, int buf) {  // D_j (a block of a.reaching) and M_j (of a.maps)

@@ -111,6 +111,14 @@ struct StateBlock {
     else
       static_cast<float*>(base)[at] = x;
   }
+  // Columns v0 .. v0 + N - 1 of row k (zeros when absent), every load issued before any is used: a
+  // copy through these registers costs one memory round trip, where load-store pairs through
+  // possibly aliasing pointers run one after another (16 round trips: ~8 us in the CP corrections).
+  template <int N>
+  __device__ void load_row(int k, int v0, float (&x)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = base == nullptr ? 0.f : load(k, v0 + i);
+  }
 };
 
 // State (n, h) of a user states tensor (KV or VK layout, any strides; fp32 unless bf16).
