@@ -393,6 +393,7 @@ __device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, i
 
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
                                                                                  const __grid_constant__ StepMaps maps) {
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 9);
   wait_for_previous_grid();
   release_next_grid();
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
@@ -401,6 +402,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
@@ -414,6 +416,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
 #pragma unroll
     for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
   }
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
   // unless p.shard), M_prev.
@@ -430,6 +433,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
     load_step_flags(smem.apply_m, begin, end, apply_m);
+    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
     copy_slices(
