@@ -187,7 +187,7 @@ struct CorrectionStorage {
   SliceTile s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
-  uint8_t apply_m[kFlagSteps];
+  alignas(16) uint8_t apply_m[kFlagSteps];  // 0 past the block's last step
   alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (StepLoads)
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
@@ -331,16 +331,23 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
 }
 
 // Steps that apply no M copy S*: `to(j)` = `from(j)` (column slice col0) for every step j in
-// [begin, end) with copy(j), independent of each other, so all at once: four steps' float4s in
-// flight per thread.
-template <typename Copy, typename From, typename To>
-__device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& copy, From&& from, To&& to, int col0) {
+// [begin, end) whose apply-M flag (apply_m[j - begin], load_step_flags) is 0, independent of each
+// other, so all at once: four steps' float4s in flight per thread. Four steps' flags are read as one
+// word, and a group of four M steps is passed over at once (a flag test per step cost ~190 cycles
+// of a CTA whose steps all apply M).
+template <typename From, typename To>
+__device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begin, int64_t end, From&& from, To&& to,
+                                            int col0) {
   constexpr int kSteps = 4, kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  constexpr uint32_t kAllApplyM = 0x01010101u;
   for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
+    const uint32_t flags = *reinterpret_cast<const uint32_t*>(apply_m + (j0 - begin));  // 0 past end
+    if (flags == kAllApplyM) continue;
+    const auto copy = [&](int i) { return j0 + i < end && ((flags >> (8 * i)) & 0xffu) == 0; };
     float4 v[kSteps][kVecs];
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      if (j0 + i >= end || !copy(j0 + i)) continue;
+      if (!copy(i)) continue;
       const float* src = from(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
@@ -350,7 +357,7 @@ __device__ __forceinline__ void copy_slices(int64_t begin, int64_t end, Copy&& c
     }
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      if (j0 + i >= end || !copy(j0 + i)) continue;
+      if (!copy(i)) continue;
       float* dst = to(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
@@ -393,7 +400,6 @@ __device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, i
 
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
                                                                                  const __grid_constant__ StepMaps maps) {
-  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 9);
   wait_for_previous_grid();
   release_next_grid();
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
@@ -406,17 +412,22 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
-  // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
+  // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0. h0 is
+  // loaded here and stored once the first flag block is read: its stores (which may alias the window
+  // table, for the compiler) would otherwise hold the flags' loads back by a memory round trip. The
+  // first M step's barrier orders the stores before any read of S_0 (p.shard).
   const StateBlock h0 = sequence_initial_state(p, n, h);
-  StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
-                                     : sequence_final_state(p, n, h);
-  if (first_start.base != nullptr) {
-    float x[16];
-    h0.load_row(k, col0 + c0, x);
+  const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
+                                           : sequence_final_state(p, n, h);
+  float s0[16];
+  h0.load_row(k, col0 + c0, s0);
+  const auto store_s0 = [&] {
+    if (first_start.base == nullptr) return;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
-  }
-  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
+    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, s0[i]);
+    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
+  };
+  if (count <= 1) store_s0();  // no step, no flag block
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
   // unless p.shard), M_prev.
@@ -434,10 +445,11 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
     const int64_t end = min(count, begin + kFlagSteps);
     load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
+    if (begin == 1) store_s0();
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
     copy_slices(
-        begin, end, [&](int64_t j) { return !m_step(j); },
+        smem.apply_m, begin, end,
         [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
     // The steps with M, serial where consecutive: the running slice stays in shared memory and the
     // next step's inputs arrive while this one computes; an M step after a step without M (or
@@ -540,8 +552,12 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
     }
     return;
   }
+  // dht goes into s[1] (the last step's start) once the first flag block is read: the barrier before
+  // the flags' loads would otherwise wait for dht's round trip.
+  const auto store_dht = [&] {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
+    for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
+  };
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -558,10 +574,11 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
     load_step_flags(smem.apply_m, begin, end, apply_m);
+    if (end == count) store_dht();  // read after the first M step's barrier
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: dS_j = dS*_j, all at once.
     copy_slices(
-        begin, end, [&](int64_t j) { return !m_step(j); },
+        smem.apply_m, begin, end,
         [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
         [&](int64_t j) { return grad_end_of(j - 1); }, col0);
     // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
