@@ -5,20 +5,20 @@
 namespace flashgdn::plan {
 
 // Fitted by bench/fit_cost_model.py --direction bwd (record:
-// bench/results/2026-11-30_cost_model_bwd_7abd2b5.json).
+// bench/results/2026-11-30_cost_model_bwd_ab2cb94.json).
 CostModel CostModel::backward() {
   CostModel model;
-  model.fused_chunk_us = 6.295;
-  model.fused_item_us = 0.450;
-  model.state_chunk_us = 2.945;
+  model.fused_chunk_us = 6.479;
+  model.fused_item_us = 31.161;
+  model.state_chunk_us = 1.553;
   model.state_m_chunk_us = 0.000;
-  model.state_item_us = 30.360;
-  model.correction_step_us = 10.495;
+  model.state_item_us = 0.069;
+  model.correction_step_us = 10.699;
   model.correction_m_step_us = 0.000;
   model.correction_item_us = 0.000;
-  model.gate_scan_chunk_us = 1.555;
-  model.launch_us = 1.365;
-  model.min_segment_chunks = 8;
+  model.gate_scan_chunk_us = 3.642;
+  model.launch_us = 7.332;
+  model.min_segment_chunks = 4;
   return model;
 }
 

@@ -32,7 +32,7 @@
 // the average-load bound takes over and further splitting only adds correction steps.
 //
 // The default coefficients (microseconds) are fitted on the H200 by bench/fit_cost_model.py to
-// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_005411a.json): the
+// flashgdn's forward kernels (record: bench/results/2026-11-30_cost_model_ab2cb94.json): the
 // planner's own predict_time_us, through bench/cp_plan_predict, is matched to the measured change
 // t(L) - t(no CP) of whole calls cut at L = 4 .. 128 chunks on the tables' low-parallelism shapes
 // (the split scan of bench/cp_sweep.py), relative error minimised. The planner assumes every head
@@ -48,21 +48,21 @@ namespace flashgdn::plan {
 
 struct CostModel {
   // Serial fused kernel (o and the running state), per (sequence or segment, v-head).
-  double fused_chunk_us = 2.568;  // per chunk
-  double fused_item_us = 19.797;     // per item: entering-state load, final-state store
+  double fused_chunk_us = 2.689;  // per chunk
+  double fused_item_us = 17.460;     // per item: entering-state load, final-state store
   // State-only pass (S*, and M where a head needs it), per (segment, v-head).
-  double state_chunk_us = 1.048;  // per chunk, S* alone
+  double state_chunk_us = 0.760;  // per chunk, S* alone
   double state_m_chunk_us = 0.000;   // extra per chunk when M is formed as well
-  double state_item_us = 0.367;      // per item: S* (and M) store
+  double state_item_us = 0.001;      // per item: S* (and M) store
   // Serial correction S_{j+1} = S*_j + M_j S_j, per (sequence, v-head, V-slice).
-  double correction_step_us = 3.646;     // per segment boundary: read S*_j
+  double correction_step_us = 3.908;     // per segment boundary: read S*_j
   double correction_m_step_us = 0.000;  // extra per boundary when M_j is applied
   double correction_item_us = 0.000;
   int32_t correction_slices_per_head = 4;  // V columns split across CTAs
   // Gate scan that finds the decay windows, per segment (all heads in one CTA).
-  double gate_scan_chunk_us = 0.215;
+  double gate_scan_chunk_us = 0.624;
   // Every kernel launch.
-  double launch_us = 9.978;
+  double launch_us = 9.526;
   // The shortest target length plan_cp considers (CpOptions can only raise it): chosen by
   // bench/fit_cost_model.py from the planner's choices on the split scan.
   int64_t min_segment_chunks = 8;
