@@ -92,11 +92,15 @@ FORWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(1, 2048, 1), (8, 2048, 2), (4, 2048, 4
                                          (2, (24576, 8192), 16), (2, (6144, 2048), 24), (2, (28672, 4096), 8),
                                          (8, 2048, 4),  # 8 x 2048 at Hv 4: CP taken at 1.062 of off (edbf548)
                                          # mixed pairs the 005411a refit cut shorter, 2-5.6% slower (3757801):
-                                         (2, (6144, 2048), 8), (2, (1024, 7168), 8), (2, (1024, 7168), 48)]
+                                         (2, (6144, 2048), 8), (2, (1024, 7168), 8), (2, (1024, 7168), 48),
+                                         # rows the ab2cb94 refit cut shorter, 3-5% slower (session 18):
+                                         (1, 32768, 64), (2, (24576, 8192), 48), (1, 16384, 48)]
 # The backward's scan adds the shapes its 7abd2b5 refit got wrong or could not see: four 8k sequences at
 # Hv 16 (CP turned on, the call no faster: 1806 -> 1824 us) and the backward table's mixed rows at Hv 32
 # (7212+7072+13725+4759 0.969x of the old model's cut; 7212+25556 1.159x).
-BACKWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(4, 8192, 16), (2, (7212, 25556), 32), (4, (7212, 7072, 13725, 4759), 32)]
+# The ab2cb94 refit's loser: the backward table's eight mixed sequences at Hv 8 (0.937x).
+BACKWARD_SPLIT_CONFIGS = SPLIT_CONFIGS + [(4, 8192, 16), (2, (7212, 25556), 32), (4, (7212, 7072, 13725, 4759), 32),
+                                          (8, (161, 1928, 3157, 563, 1244, 229, 177, 733), 8)]
 
 
 def lengths_label(length):
