@@ -71,9 +71,9 @@ def correction_phases(row):
     out["step"] = statistics.median(int(row[r + 1, 0] - row[r, 0]) for r in body)
     start = row[CORRECTION_ROW - 1]
     out["start to barriers initialised"] = int(start[0] - start[10])
-    out["flags read"] = int(start[2] - start[0])
-    out["S_0 stored"] = int(start[1] - start[2])
-    out["copies"] = int(start[11] - start[1])
+    out["S_0 stored"] = int(start[1] - start[0])
+    out["flags read"] = int(start[2] - start[1])
+    out["copies"] = int(start[11] - start[2])
     out["start to M loop"] = int(start[11] - start[10])
     out["start to first step"] = int(row[steps[0], 0] - start[10])
     out["steps recorded"] = len(steps)

@@ -412,22 +412,17 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
-  // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0. h0 is
-  // loaded here and stored once the first flag block is read: its stores (which may alias the window
-  // table, for the compiler) would otherwise hold the flags' loads back by a memory round trip. The
-  // first M step's barrier orders the stores before any read of S_0 (p.shard).
+  // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
   const StateBlock h0 = sequence_initial_state(p, n, h);
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
-  float s0[16];
-  h0.load_row(k, col0 + c0, s0);
-  const auto store_s0 = [&] {
-    if (first_start.base == nullptr) return;
+  if (first_start.base != nullptr) {
+    float x[16];
+    h0.load_row(k, col0 + c0, x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, s0[i]);
-    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
-  };
-  if (count <= 1) store_s0();  // no step, no flag block
+    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
+  }
+  timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
   // unless p.shard), M_prev.
@@ -445,7 +440,6 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
     const int64_t end = min(count, begin + kFlagSteps);
     load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
-    if (begin == 1) store_s0();
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
     copy_slices(
@@ -552,12 +546,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
     }
     return;
   }
-  // dht goes into s[1] (the last step's start) once the first flag block is read: the barrier before
-  // the flags' loads would otherwise wait for dht's round trip.
-  const auto store_dht = [&] {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
-  };
+  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -574,7 +564,6 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
     load_step_flags(smem.apply_m, begin, end, apply_m);
-    if (end == count) store_dht();  // read after the first M step's barrier
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: dS_j = dS*_j, all at once.
     copy_slices(
