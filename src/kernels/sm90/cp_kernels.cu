@@ -45,6 +45,7 @@
 #include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
 namespace {
@@ -170,21 +171,43 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
 constexpr int kSliceCols = 32;             // state columns per correction CTA
 constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
 constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
-constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
+constexpr int kSplitPanelBytes = kHeadDim * 64 * 2;     // [128 rows][64] bf16: 16 KiB (a TMA box of M)
+constexpr int kSlicePanelBytes = kSliceCols * 64 * 2;   // [32 rows][64] bf16: 4 KiB
+constexpr int kCorrectionThreads = 256;    // 2 warpgroups, group g owns slice rows 64 g .. 64 g + 63
 static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
-
-using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
+static_assert(4 * kSplitPanelBytes == kHeadDim * kHeadDim * 4, "M split or fp32: the same 64 KiB");
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
-// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other, each
-// as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
+// The running slice S [128 k, 32 n] as the steps' wgmma B operand: S^T [32 n][128 k] K-major, bf16 hi
+// and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled panels of 64 k
+// (wgmma.cuh's tile layout, 32 rows a panel).
+struct SliceBuffer {
+  alignas(1024) unsigned char hi[2 * kSlicePanelBytes];
+  alignas(1024) unsigned char lo[2 * kSlicePanelBytes];
+
+  __device__ __forceinline__ void store(int k, int n, float x) {
+    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    *reinterpret_cast<__nv_bfloat16*>(hi + at) = h;
+    *reinterpret_cast<__nv_bfloat16*>(lo + at) = __float2bfloat16_rn(x - __bfloat162float(h));
+  }
+  __device__ __forceinline__ float value(int k, int n) const {
+    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(hi + at)) +
+           __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(lo + at));
+  }
+};
+
+// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other. M
+// arrives split (StateBlock::split) as four [128 rows][64] bf16 panels, hi columns 0-63, hi 64-127, lo
+// 0-63, lo 64-127 (the rank scans' fp32 maps arrive as four [128][32] fp32 panels and are split in
+// place, split_m_in_place); the base slice as a [128][32] fp32 panel (tma::fp32_panel_offset).
 struct CorrectionStorage {
-  alignas(1024) unsigned char m[2][kHeadDim / kPanelCols][kPanelBytes];  // M's column panels
-  alignas(1024) unsigned char base[2][kPanelBytes];                      // the base slice
-  // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
-  // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
-  SliceTile s[2];
+  alignas(1024) unsigned char m[2][4][kSplitPanelBytes];
+  alignas(1024) unsigned char base[2][kPanelBytes];
+  // The running slice, ping-pong: step t reads s[t ^ 1] and writes s[t].
+  SliceBuffer s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   alignas(16) uint8_t apply_m[kFlagSteps];  // 0 past the block's last step
@@ -197,10 +220,13 @@ __device__ __forceinline__ const float* panel_element(const unsigned char* panel
   return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
 }
 
-// The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
-// 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
+// The step inputs' sources: 2-D maps over workspaces of [128][128] blocks. The base: fp32 blocks
+// (rows = blocks x 128, 128 columns), boxes of one [128 rows][32] panel. M: split blocks (rows = blocks
+// x 256, hi then lo, 128 bf16 columns), boxes of one [128 rows][64] panel; or, m_fp32 (the rank scans'
+// maps), fp32 blocks as the base. Block -1: none.
 struct StepMaps {
   CUtensorMap base, m;  // the base slice's workspace, M's
+  bool m_fp32 = false;
 };
 struct StepBlocks {
   int64_t base = -1, m = -1;  // the step's blocks in them (-1: zeros for the base, no M)
@@ -215,18 +241,53 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, co
                                                      StepBlocks blocks, int col0) {
   if (threadIdx.x == 0) {
     uint64_t* barrier = &smem.loaded[buf];
-    tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? kHeadDim * kHeadDim * 4 : 0));
+    tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? 4 * kSplitPanelBytes : 0));
     if (blocks.base >= 0) tma::load_2d(smem.base[buf], &maps.base, barrier, col0, static_cast<int>(blocks.base * kHeadDim));
     if (blocks.m >= 0) {
 #pragma unroll
-      for (int panel = 0; panel < kHeadDim / kPanelCols; ++panel)
-        tma::load_2d(smem.m[buf][panel], &maps.m, barrier, panel * kPanelCols, static_cast<int>(blocks.m * kHeadDim));
+      for (int panel = 0; panel < 4; ++panel) {
+        if (maps.m_fp32)
+          tma::load_2d(smem.m[buf][panel], &maps.m, barrier, panel * kPanelCols, static_cast<int>(blocks.m * kHeadDim));
+        else  // hi panels 0, 1 then lo panels 0, 1
+          tma::load_2d(smem.m[buf][panel], &maps.m, barrier, 64 * (panel % 2),
+                       static_cast<int>(blocks.m * 2 * kHeadDim + kHeadDim * (panel / 2)));
+      }
     }
   }
   if (blocks.base < 0) {
     for (int e = threadIdx.x; e < kPanelBytes / 16; e += kCorrectionThreads)
       reinterpret_cast<float4*>(smem.base[buf])[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+}
+
+// The rank scans' M, landed in buffer `buf` as fp32 panels, rewritten split in the layout the steps
+// read (every element read into registers before any is written over). Called by every thread after
+// the buffer's wait; barriers inside, and the writes made visible to wgmma.
+__device__ __forceinline__ void split_m_in_place(CorrectionStorage& smem, int buf) {
+  constexpr int kPerThread = kHeadDim * kHeadDim / 2 / kCorrectionThreads;  // 32 pairs
+  float2 pairs[kPerThread];
+  const auto at = [](int i) {  // pair i of this thread: row, even column
+    const int e = threadIdx.x + kCorrectionThreads * i;
+    return make_int2(e / (kHeadDim / 2), 2 * (e % (kHeadDim / 2)));
+  };
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int2 rc = at(i);
+    pairs[i] = *reinterpret_cast<const float2*>(panel_element(smem.m[buf][rc.y / kPanelCols], rc.x, rc.y % kPanelCols));
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int2 rc = at(i);
+    uint32_t hi, lo;
+    split_pair(pairs[i].x, pairs[i].y, hi, lo);
+    const uint32_t offset = wg::swizzled_offset(rc.x, rc.y % 64);
+    *reinterpret_cast<uint32_t*>(smem.m[buf][rc.y / 64] + offset) = hi;
+    *reinterpret_cast<uint32_t*>(smem.m[buf][2 + rc.y / 64] + offset) = lo;
+  }
+  wg::fence_shared_to_async();
+  __syncthreads();
 }
 
 // The two buffers' load phases: init() by every thread at the kernel's start (thread 0 sets the
@@ -251,60 +312,62 @@ struct StepLoads {
 };
 
 // One serial step of a correction, of parity t (buffers alternate between steps): next = base +
-// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
-// and S the running [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a
-// [128][128] fp32 workspace state; null: nowhere). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
-// relative per product): warp w forms rows 16 w .. 16 w + 15,
-//   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
-// No barrier inside: the caller's one barrier per step orders step t's reads of s[t ^ 1] and of
-// buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
+// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose, and S the running
+// [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a [128][128] fp32 workspace
+// state; null: nowhere). The product on tensor cores in bf16x3 (hi.hi + hi.lo + lo.hi: ~2^-16
+// relative per product), warpgroup g forming rows 64 g .. 64 g + 63 from the base slice up:
+//   [64,32] += A[64 g : 64 g + 64, 0:128] @ S[128,32]   (8 k-steps x 3 wgmma m64n32k16)
+// A = M is K-major in M's panels (rows 64 g on); A = M^T is MN-major, M's column panel g.
+// Every thread makes its slice writes visible to wgmma; no barrier inside: the caller's one barrier
+// per step orders step t's reads of s[t ^ 1] and of buffer t (complete at the wgmma wait) before
+// step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
-  const int m0 = 16 * (threadIdx.x / 32);
-  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-  const SliceTile& s_in = smem.s[t ^ 1];
-  float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
-  if (apply_m) {
-    // M's element (row, col), from its panel
-    auto m_at = [&](int row, int col) { return panel_element(smem.m[t][col / kPanelCols], row, col % kPanelCols); };
-#pragma unroll 2
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-      SplitA a;  // a[q]: A's row m0 + r (+8 for q odd), columns k, k + 1 (k = k0 + c, +8 for q >= 2)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = m0 + r + 8 * (q % 2), k = k0 + c + 8 * (q / 2);
-        if constexpr (kTransposed) {  // A[i][k] = M[k][i]
-          split_pair(*m_at(k, row), *m_at(k + 1, row), a.hi[q], a.lo[q]);
-        } else {
-          const float2 pair = *reinterpret_cast<const float2*>(m_at(row, k));
-          split_pair(pair.x, pair.y, a.hi[q], a.lo[q]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        SplitB b;
-        s_in.b_fragment(b, k0, 8 * j);
-        mma_bf16x3(next[j], a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
-      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row, col));
-      next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
-    }
+  using wg::Major;
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // Accumulator element 4 j + e: row 64 g + 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2.
+  const int row0 = 64 * group + 16 * warp + lane / 4, col = 2 * (lane % 4);
+  float next[16];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
-      smem.s[t].store_pair(row, col, x.x, x.y);
-      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
+      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row0 + 8 * half, 8 * j + col));
+      next[4 * j + 2 * half] = base.x, next[4 * j + 2 * half + 1] = base.y;
     }
+  if (apply_m) {
+    constexpr Major kMajorA = kTransposed ? Major::kMN : Major::kK;
+    const unsigned char* a_hi = kTransposed ? smem.m[t][group] : smem.m[t][0] + group * 64 * 128;
+    const unsigned char* a_lo = kTransposed ? smem.m[t][2 + group] : smem.m[t][2] + group * 64 * 128;
+    const SliceBuffer& s_in = smem.s[t ^ 1];
+    wg::fence_operand(next);
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+      const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kSliceCols);
+      const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kSliceCols);
+      const uint64_t hi = wg::descriptor<kMajorA>(a_hi, k0, kHeadDim);
+      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, wg::descriptor<kMajorA>(a_lo, k0, kHeadDim), b_hi,
+                                                                 true);
+      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, hi, b_lo, true);
+      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, hi, b_hi, true);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(next);
+  }
+  SliceBuffer& s_out = smem.s[t];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half, c = 8 * j + col;
+      const float2 x = make_float2(next[4 * j + 2 * half], next[4 * j + 2 * half + 1]);
+      s_out.store(row, c, x.x);
+      s_out.store(row, c + 1, x.y);
+      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + c]) = x;
+    }
+  wg::fence_shared_to_async();
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -368,16 +431,22 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
   }
 }
 
-// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
-// (plain loads: the caller's barrier orders the stores before the step that reads them).
-__device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer (plain
+// loads: the caller's barrier orders the stores, made visible to wgmma here, before the step that
+// reads them).
+__device__ __forceinline__ void load_slice(SliceBuffer& slice, const float* state, int col0) {
   constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
   const int row = threadIdx.x / kPairs, col = 2 * (threadIdx.x % kPairs);
+  float2 x[kHeadDim / kRowStep];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / kRowStep; ++i)
+    x[i] = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
 #pragma unroll
   for (int i = 0; i < kHeadDim / kRowStep; ++i) {
-    const float2 x = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
-    slice.store_pair(row + i * kRowStep, col, x.x, x.y);
+    slice.store(row + i * kRowStep, col, x[i].x);
+    slice.store(row + i * kRowStep, col + 1, x[i].y);
   }
+  wg::fence_shared_to_async();
 }
 
 // The apply-M flags of steps [begin, end) (at most kFlagSteps) into flags[j - begin]: every thread
@@ -502,6 +571,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
     smem.s[1].store(k, c0 + i, start);  // read by step 0
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
   }
+  wg::fence_shared_to_async();
   // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
   // (not for role 0's first step, which multiplies zero).
   auto apply_m = [&](int64_t j) {
@@ -548,6 +618,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
+  wg::fence_shared_to_async();
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -617,6 +688,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
     smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
+  wg::fence_shared_to_async();
   // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
   // and past the first step (which multiplies zero), M_x.
   auto segment = [&](int64_t i) { return first + count - 1 - i; };
@@ -659,6 +731,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
     smem.s[1].store(k, c0 + i, x[i]);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x[i];
   }
+  wg::fence_shared_to_async();
   auto load_step = [&](int j, int buf) {  // E_j and M_j, blocks of a.maps
     const int64_t block = (static_cast<int64_t>(j) * 2 * a.num_seqs + n) * a.num_v_heads + h;
     load_correction_step(smem, maps, buf, {block, block + a.num_seqs * a.num_v_heads}, col0);
@@ -667,21 +740,16 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   for (int j = 0; j < a.world; ++j) {
     const int t = j & 1;
     loads.wait(smem, t);
-    __syncthreads();
+    split_m_in_place(smem, t);  // barriers inside
     if (j + 1 < a.world) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, true, j + 1 == a.rank ? entering : nullptr, col0);  // S_{j+1} -> s[t]
   }
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const SliceTile& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceBuffer& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // hi + lo: within 2^-17 of the fp32 slice
-      float x[8];
-      last.values(k, c0 + 8 * half, x);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) final_state.store(k, col0 + c0 + 8 * half + i, x[i]);
-    }
+    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last.value(k, c0 + i));  // within 2^-17
   }
 }
 
@@ -709,6 +777,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
     smem.s[1].store(k, c0 + i, x[i]);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x[i];
   }
+  wg::fence_shared_to_async();
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
   auto load_step = [&](int i, int buf) {  // D_j (a block of a.reaching) and M_j (of a.maps)
     const int64_t j = a.world - 1 - i;
@@ -719,7 +788,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   for (int i = 0; i < steps; ++i) {
     const int t = i & 1;
     loads.wait(smem, t);
-    __syncthreads();
+    split_m_in_place(smem, t);  // barriers inside
     if (i + 1 < steps) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, true, i + 1 == steps ? d_out : nullptr, col0);
   }
@@ -739,27 +808,34 @@ __global__ void state_store_kernel(const float* src, float* states, const int64_
   }
 }
 
-// A step map over `blocks` [128][128] fp32 blocks at `base` (tensor_map.h); zeros (never used: no
-// step reads it) without any.
-cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
+// A step map over `blocks` [128][128] blocks at `base` (tensor_map.h), fp32 or split (StepMaps);
+// zeros (never used: no step reads it) without any.
+cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks, bool split) {
   *map = CUtensorMap{};
   if (base == nullptr || blocks <= 0) return cudaSuccess;
-  if (blocks > INT32_MAX / kHeadDim) return cudaErrorInvalidValue;  // TMA row coordinates are int32
-  return encode_block_map(map, base, static_cast<uint64_t>(blocks), kPanelCols) == CUDA_SUCCESS ? cudaSuccess
-                                                                                              : cudaErrorInvalidValue;
+  if (blocks > INT32_MAX / (2 * kHeadDim)) return cudaErrorInvalidValue;  // TMA row coordinates are int32
+  const CUresult r = split ? encode_panel_map(map, base, static_cast<uint64_t>(blocks) * 2 * kHeadDim, kHeadDim,
+                                              kHeadDim * 2, kHeadDim, /*f16=*/false)
+                           : encode_block_map(map, base, static_cast<uint64_t>(blocks), kPanelCols);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+
+// How a chain's M arrives: split by its producer (the state pass's segment_transitions) or fp32 (the
+// rank scans' gathered maps, split in place).
+enum class ChainM { kSplit, kFp32 };
 
 // A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
 // the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
-// shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
+// shared memory; its step inputs from `base` (blocks_base fp32 blocks) and `m` (blocks_m).
 template <typename Params>
 cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params& params, const float* base,
-                                 int64_t blocks_base, const float* m, int64_t blocks_m, int64_t num_seqs,
-                                 int num_v_heads, int roles, cudaStream_t stream) {
+                                 int64_t blocks_base, const float* m, int64_t blocks_m, ChainM m_format,
+                                 int64_t num_seqs, int num_v_heads, int roles, cudaStream_t stream) {
   if (num_seqs == 0 || num_v_heads == 0) return cudaSuccess;
   StepMaps maps;
-  if (auto err = step_map(&maps.base, base, blocks_base); err != cudaSuccess) return err;
-  if (auto err = step_map(&maps.m, m, blocks_m); err != cudaSuccess) return err;
+  maps.m_fp32 = m_format == ChainM::kFp32;
+  if (auto err = step_map(&maps.base, base, blocks_base, false); err != cudaSuccess) return err;
+  if (auto err = step_map(&maps.m, m, blocks_m, !maps.m_fp32); err != cudaSuccess) return err;
   constexpr int smem = sizeof(CorrectionStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
@@ -772,13 +848,13 @@ cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params&
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
   const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
   return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
-                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+                              blocks, ChainM::kSplit, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
   const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
   return launch_segment_chain(cp_grad_correction_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
-                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+                              blocks, ChainM::kSplit, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 template <ElemKind E>
@@ -793,20 +869,20 @@ template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
-  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks, p.num_seqs,
-                              p.num_v_heads, 2, stream);  // roles E and M
+  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
+                              ChainM::kSplit, p.num_seqs, p.num_v_heads, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {
   const int64_t blocks = int64_t{params.world} * 2 * params.num_seqs * params.num_v_heads;  // E and M of every rank
-  return launch_segment_chain(shard_scan_kernel, params, params.maps, blocks, params.maps, blocks, params.num_seqs,
-                              params.num_v_heads, 1, stream);
+  return launch_segment_chain(shard_scan_kernel, params, params.maps, blocks, params.maps, blocks, ChainM::kFp32,
+                              params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream) {
   const int64_t reaching = int64_t{params.world} * params.num_seqs * params.num_v_heads;
   return launch_segment_chain(shard_grad_scan_kernel, params, params.reaching, reaching, params.maps, 2 * reaching,
-                              params.num_seqs, params.num_v_heads, 1, stream);
+                              ChainM::kFp32, params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
@@ -819,7 +895,7 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
   return launch_segment_chain(cp_correction_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
-                              p.num_seqs, p.num_v_heads, 1, stream);
+                              ChainM::kSplit, p.num_seqs, p.num_v_heads, 1, stream);
 }
 
 }  // namespace flashgdn::kern
