@@ -321,7 +321,7 @@ struct StepLoads {
 // Every thread makes its slice writes visible to wgmma; no barrier inside: the caller's one barrier
 // per step orders step t's reads of s[t ^ 1] and of buffer t (complete at the wgmma wait) before
 // step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
-template <bool kTransposed>
+template <bool kTransposed, int kChains = 4>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   using wg::Major;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -340,21 +340,38 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     const unsigned char* a_hi = kTransposed ? smem.m[t][group] : smem.m[t][0] + group * 64 * 128;
     const unsigned char* a_lo = kTransposed ? smem.m[t][2 + group] : smem.m[t][2] + group * 64 * 128;
     const SliceBuffer& s_in = smem.s[t ^ 1];
+    // The 24 wgmmas round-robin over kChains accumulators (chain 0 starts from the base): dependent
+    // wgmmas on one accumulator wait for each other, independent ones overlap.
+    float partial[kChains - 1][16];
     wg::fence_operand(next);
+#pragma unroll
+    for (int c = 0; c < kChains - 1; ++c) wg::fence_operand(partial[c]);
     wg::fence();
 #pragma unroll
     for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
       const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kSliceCols);
       const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kSliceCols);
-      const uint64_t hi = wg::descriptor<kMajorA>(a_hi, k0, kHeadDim);
-      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, wg::descriptor<kMajorA>(a_lo, k0, kHeadDim), b_hi,
-                                                                 true);
-      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, hi, b_lo, true);
-      wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, hi, b_hi, true);
+      const uint64_t hi = wg::descriptor<kMajorA>(a_hi, k0, kHeadDim), lo = wg::descriptor<kMajorA>(a_lo, k0, kHeadDim);
+      const uint64_t a[3] = {lo, hi, hi}, b[3] = {b_hi, b_lo, b_hi};  // lo.hi, hi.lo, hi.hi
+#pragma unroll
+      for (int product = 0; product < 3; ++product) {
+        const int i = 3 * (k0 / 16) + product, chain = i % kChains;
+        if (chain == 0)
+          wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, a[product], b[product], true);
+        else
+          wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(partial[chain - 1], a[product], b[product],
+                                                                     i >= kChains);
+      }
     }
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(next);
+#pragma unroll
+    for (int c = 0; c < kChains - 1; ++c) {
+      wg::fence_operand(partial[c]);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) next[e] += partial[c][e];
+    }
   }
   SliceBuffer& s_out = smem.s[t];
 #pragma unroll
