@@ -321,7 +321,7 @@ struct StepLoads {
 // Every thread makes its slice writes visible to wgmma; no barrier inside: the caller's one barrier
 // per step orders step t's reads of s[t ^ 1] and of buffer t (complete at the wgmma wait) before
 // step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
-template <bool kTransposed, int kChains = 4>
+template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   using wg::Major;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -336,42 +336,39 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
       next[4 * j + 2 * half] = base.x, next[4 * j + 2 * half + 1] = base.y;
     }
   if (apply_m) {
-    constexpr Major kMajorA = kTransposed ? Major::kMN : Major::kK;
-    const unsigned char* a_hi = kTransposed ? smem.m[t][group] : smem.m[t][0] + group * 64 * 128;
-    const unsigned char* a_lo = kTransposed ? smem.m[t][2 + group] : smem.m[t][2] + group * 64 * 128;
-    const SliceBuffer& s_in = smem.s[t ^ 1];
-    // The 24 wgmmas round-robin over kChains accumulators (chain 0 starts from the base): dependent
-    // wgmmas on one accumulator wait for each other, independent ones overlap.
-    float partial[kChains - 1][16];
-    wg::fence_operand(next);
+    // A's fragments of the warp's 16 rows, hi and lo, all 8 k-steps (ldmatrix from M's panels: row
+    // m of A is row m of M's panels, K-major; or, transposed, column m of M's panel g, read by
+    // .trans), then 24 RS wgmmas reading only S from shared memory.
+    uint32_t a_hi[8][4], a_lo[8][4];
+    const int q = lane / 8, i = lane % 8;  // lane L addresses row i of the 8x8 matrix q of a k-step
 #pragma unroll
-    for (int c = 0; c < kChains - 1; ++c) wg::fence_operand(partial[c]);
+    for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+      for (int plane = 0; plane < 2; ++plane) {
+        uint32_t (&a)[4] = plane == 0 ? a_hi[ks] : a_lo[ks];
+        if constexpr (kTransposed) {  // matrix q: M rows k0 + 8 (q / 2) + i, columns 16 w + 8 (q % 2) of panel g
+          const int k = 16 * ks + 8 * (q / 2) + i, m = 16 * warp + 8 * (q % 2);
+          ldmatrix_x4_trans(a, smem.m[t][2 * plane + group] + wg::swizzled_offset(k, m));
+        } else {  // matrix q: A rows 64 g + 16 w + 8 (q % 2) + i, columns k0 + 8 (q / 2)
+          const int m = 64 * group + 16 * warp + 8 * (q % 2) + i, k = 16 * ks + 8 * (q / 2);
+          ldmatrix_x4(a, smem.m[t][2 * plane + k / 64] + wg::swizzled_offset(m, k % 64));
+        }
+      }
+    }
+    const SliceBuffer& s_in = smem.s[t ^ 1];
+    wg::fence_operand(next);
     wg::fence();
 #pragma unroll
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-      const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kSliceCols);
-      const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kSliceCols);
-      const uint64_t hi = wg::descriptor<kMajorA>(a_hi, k0, kHeadDim), lo = wg::descriptor<kMajorA>(a_lo, k0, kHeadDim);
-      const uint64_t a[3] = {lo, hi, hi}, b[3] = {b_hi, b_lo, b_hi};  // lo.hi, hi.lo, hi.hi
-#pragma unroll
-      for (int product = 0; product < 3; ++product) {
-        const int i = 3 * (k0 / 16) + product, chain = i % kChains;
-        if (chain == 0)
-          wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(next, a[product], b[product], true);
-        else
-          wg::mma_ss<__nv_bfloat16, kSliceCols, kMajorA, Major::kK>(partial[chain - 1], a[product], b[product],
-                                                                     i >= kChains);
-      }
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, 16 * ks, kSliceCols);
+      const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, 16 * ks, kSliceCols);
+      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_lo[ks], b_hi, true);
+      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_hi[ks], b_lo, true);
+      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_hi[ks], b_hi, true);
     }
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(next);
-#pragma unroll
-    for (int c = 0; c < kChains - 1; ++c) {
-      wg::fence_operand(partial[c]);
-#pragma unroll
-      for (int e = 0; e < 16; ++e) next[e] += partial[c][e];
-    }
   }
   SliceBuffer& s_out = smem.s[t];
 #pragma unroll
