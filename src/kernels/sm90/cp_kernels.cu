@@ -321,8 +321,12 @@ struct StepLoads {
 // Every thread makes its slice writes visible to wgmma; no barrier inside: the caller's one barrier
 // per step orders step t's reads of s[t ^ 1] and of buffer t (complete at the wgmma wait) before
 // step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
-template <bool kTransposed>
-__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
+struct NoMarks {
+  __device__ void operator()(int) const {}
+};
+template <bool kTransposed, typename Marks = NoMarks>
+__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0,
+                                                Marks&& mark = {}) {
   using wg::Major;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   // Accumulator element 4 j + e: row 64 g + 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2.
@@ -358,6 +362,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     const SliceBuffer& s_in = smem.s[t ^ 1];
     wg::fence_operand(next);
     wg::fence();
+    mark(4);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, 16 * ks, kSliceCols);
@@ -369,6 +374,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(next);
+    mark(5);
   }
   SliceBuffer& s_out = smem.s[t];
 #pragma unroll
@@ -437,10 +443,43 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       if (!copy(i)) continue;
       float* dst = to(j0 + i);
 #pragma unroll
-      for (int u = 0; u < kVecs; ++u) {
+      for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
         const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-        *reinterpret_cast<float4*>(dst + row * kHeadDim + col0 + 4 * vec) = v[i][u];
+        store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
+                        __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
       }
+    }
+  }
+}
+
+// Columns col0 .. col0 + 31 of `from` (zeros when absent) into `to`, any layouts, every load issued
+// before any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u),
+// so that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte
+// stores, 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
+__device__ __forceinline__ void copy_state_slice(const StateBlock& from, const StateBlock& to, int col0) {
+  constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  const auto at = [&](int u) {
+    const int e = threadIdx.x + kCorrectionThreads * u;
+    return make_int2(e / (kSliceCols / 4), col0 + 4 * (e % (kSliceCols / 4)));
+  };
+  float4 x[kVecs];
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+    const int2 rc = at(u);
+    x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
+                                              from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
+  }
+  const bool vectors = !to.bf16 && !to.split && to.v_stride == 1 && to.k_stride % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(to.base) % 16 == 0;
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+    const int2 rc = at(u);
+    if (vectors) {
+      *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x[u];
+    } else {
+      to.store(rc.x, rc.y, x[u].x), to.store(rc.x, rc.y + 1, x[u].y);
+      to.store(rc.x, rc.y + 2, x[u].z), to.store(rc.x, rc.y + 3, x[u].w);
     }
   }
 }
@@ -493,18 +532,10 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   loads.init(smem, maps);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
-  // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
-  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
-  const StateBlock h0 = sequence_initial_state(p, n, h);
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
-  if (first_start.base != nullptr) {
-    float x[16];
-    h0.load_row(k, col0 + c0, x);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
-  }
+  if (first_start.base != nullptr) copy_state_slice(sequence_initial_state(p, n, h), first_start, col0);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
@@ -553,7 +584,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
       prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
       if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
-      correction_step<false>(smem, t, true, start_of(j), col0);
+      correction_step<false>(smem, t, true, start_of(j), col0,
+                             [&](int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); });
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 3);
       t ^= 1;
       j = next;
