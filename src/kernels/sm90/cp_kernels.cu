@@ -376,17 +376,31 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     wg::fence_operand(next);
     mark(5);
   }
+  // next -> S^T hi and lo in s[t]: the 8x8 blocks (rows 16 w + 8 h, columns 8 j) of the accumulator
+  // stored transposed (stmatrix .trans), x4 a = blocks j = 2 a + q / 2, h = q % 2; lane L addresses
+  // row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k = 64 g + 16 w + 8 h.
   SliceBuffer& s_out = smem.s[t];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int x4 = 0; x4 < 2; ++x4) {
+    uint32_t hi[4], lo[4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + 8 * half, c = 8 * j + col;
-      const float2 x = make_float2(next[4 * j + 2 * half], next[4 * j + 2 * half + 1]);
-      s_out.store(row, c, x.x);
-      s_out.store(row, c + 1, x.y);
-      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + c]) = x;
+    for (int q = 0; q < 4; ++q) {
+      const int j = 2 * x4 + q / 2, h = q % 2;
+      split_pair(next[4 * j + 2 * h], next[4 * j + 2 * h + 1], hi[q], lo[q]);
     }
+    const int q = lane / 8, n = 8 * (2 * x4 + q / 2) + lane % 8, k = 64 * group + 16 * warp + 8 * (q % 2);
+    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    stmatrix_x4_trans(s_out.hi + at, hi);
+    stmatrix_x4_trans(s_out.lo + at, lo);
+  }
+  if (out != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(&out[(row0 + 8 * half) * kHeadDim + col0 + 8 * j + col]) =
+            make_float2(next[4 * j + 2 * half], next[4 * j + 2 * half + 1]);
+  }
   wg::fence_shared_to_async();
 }
 
@@ -504,20 +518,23 @@ __device__ __forceinline__ void load_slice(SliceBuffer& slice, const float* stat
 
 // The apply-M flags of steps [begin, end) (at most kFlagSteps) into flags[j - begin]: every thread
 // tests kFlagSteps / kCorrectionThreads steps with its loads in flight together. Barriers before (the
-// previous block's readers are done) and after.
+// previous block's readers are done) and after. Returns whether any step of the block is a copy (no
+// M): when none is, the caller skips copy_slices (its flag-word loop cost ~3k cycles of cold code).
 template <typename ApplyM>
-__device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
+__device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
   constexpr int kPerThread = kFlagSteps / kCorrectionThreads;
   __syncthreads();
   bool m[kPerThread];
+  bool copies = false;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t j = begin + threadIdx.x + kCorrectionThreads * i;
     m[i] = j < end && apply_m(j);
+    copies |= j < end && !m[i];
   }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) flags[threadIdx.x + kCorrectionThreads * i] = m[i];
-  __syncthreads();
+  return __syncthreads_or(copies) != 0;
 }
 
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
@@ -552,13 +569,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   // The steps in blocks of kFlagSteps, their flags in shared memory.
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
-    load_step_flags(smem.apply_m, begin, end, apply_m);
+    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
-    copy_slices(
-        smem.apply_m, begin, end,
-        [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+    if (copies)
+      copy_slices(
+          smem.apply_m, begin, end,
+          [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
     // The steps with M, serial where consecutive: the running slice stays in shared memory and the
     // next step's inputs arrive while this one computes; an M step after a step without M (or
     // after S_0, or first in its block) takes its start from segment_starts instead.
@@ -680,13 +698,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   // The steps in blocks of kFlagSteps from the last, their flags in shared memory.
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
-    load_step_flags(smem.apply_m, begin, end, apply_m);
+    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: dS_j = dS*_j, all at once.
-    copy_slices(
-        smem.apply_m, begin, end,
-        [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
-        [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+    if (copies)
+      copy_slices(
+          smem.apply_m, begin, end,
+          [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+          [&](int64_t j) { return grad_end_of(j - 1); }, col0);
     // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
     // step without M (or last in its block) takes its start from segment_grad_ends; the last step's
     // start is dht, in s[1].
