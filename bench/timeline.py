@@ -59,8 +59,7 @@ GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("
 # The CP correction (timeline.cuh's correction events, rows from CORRECTION_ROW).
 CORRECTION_CONFIGS = [([8192], 2, 8), ([32768], 2, 8)]
 CORRECTION_ROW = 16
-CORRECTION = [("wait inputs", 0, 1), ("barrier", 1, 2), ("issue next + compute", 2, 3), ("issue next + A loads", 2, 4),
-              ("wgmmas", 4, 5), ("stores", 5, 3)]
+CORRECTION = [("wait inputs", 0, 1), ("barrier", 1, 2), ("issue next + compute", 2, 3)]
 
 
 def correction_phases(row):

@@ -45,7 +45,6 @@
 #include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
-#include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
 namespace {
@@ -171,43 +170,21 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
 constexpr int kSliceCols = 32;             // state columns per correction CTA
 constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
 constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
-constexpr int kSplitPanelBytes = kHeadDim * 64 * 2;     // [128 rows][64] bf16: 16 KiB (a TMA box of M)
-constexpr int kSlicePanelBytes = kSliceCols * 64 * 2;   // [32 rows][64] bf16: 4 KiB
-constexpr int kCorrectionThreads = 256;    // 2 warpgroups, group g owns slice rows 64 g .. 64 g + 63
+constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
 static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
-static_assert(4 * kSplitPanelBytes == kHeadDim * kHeadDim * 4, "M split or fp32: the same 64 KiB");
+
+using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
-// The running slice S [128 k, 32 n] as the steps' wgmma B operand: S^T [32 n][128 k] K-major, bf16 hi
-// and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled panels of 64 k
-// (wgmma.cuh's tile layout, 32 rows a panel).
-struct SliceBuffer {
-  alignas(1024) unsigned char hi[2 * kSlicePanelBytes];
-  alignas(1024) unsigned char lo[2 * kSlicePanelBytes];
-
-  __device__ __forceinline__ void store(int k, int n, float x) {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    *reinterpret_cast<__nv_bfloat16*>(hi + at) = h;
-    *reinterpret_cast<__nv_bfloat16*>(lo + at) = __float2bfloat16_rn(x - __bfloat162float(h));
-  }
-  __device__ __forceinline__ float value(int k, int n) const {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(hi + at)) +
-           __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(lo + at));
-  }
-};
-
-// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other. M
-// arrives split (StateBlock::split) as four [128 rows][64] bf16 panels, hi columns 0-63, hi 64-127, lo
-// 0-63, lo 64-127 (the rank scans' fp32 maps arrive as four [128][32] fp32 panels and are split in
-// place, split_m_in_place); the base slice as a [128][32] fp32 panel (tma::fp32_panel_offset).
+// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other, each
+// as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
 struct CorrectionStorage {
-  alignas(1024) unsigned char m[2][4][kSplitPanelBytes];
-  alignas(1024) unsigned char base[2][kPanelBytes];
-  // The running slice, ping-pong: step t reads s[t ^ 1] and writes s[t].
-  SliceBuffer s[2];
+  alignas(1024) unsigned char m[2][kHeadDim / kPanelCols][kPanelBytes];  // M's column panels
+  alignas(1024) unsigned char base[2][kPanelBytes];                      // the base slice
+  // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
+  // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
+  SliceTile s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   alignas(16) uint8_t apply_m[kFlagSteps];  // 0 past the block's last step
@@ -220,13 +197,10 @@ __device__ __forceinline__ const float* panel_element(const unsigned char* panel
   return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
 }
 
-// The step inputs' sources: 2-D maps over workspaces of [128][128] blocks. The base: fp32 blocks
-// (rows = blocks x 128, 128 columns), boxes of one [128 rows][32] panel. M: split blocks (rows = blocks
-// x 256, hi then lo, 128 bf16 columns), boxes of one [128 rows][64] panel; or, m_fp32 (the rank scans'
-// maps), fp32 blocks as the base. Block -1: none.
+// The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
+// 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
 struct StepMaps {
   CUtensorMap base, m;  // the base slice's workspace, M's
-  bool m_fp32 = false;
 };
 struct StepBlocks {
   int64_t base = -1, m = -1;  // the step's blocks in them (-1: zeros for the base, no M)
@@ -241,53 +215,18 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, co
                                                      StepBlocks blocks, int col0) {
   if (threadIdx.x == 0) {
     uint64_t* barrier = &smem.loaded[buf];
-    tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? 4 * kSplitPanelBytes : 0));
+    tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? kHeadDim * kHeadDim * 4 : 0));
     if (blocks.base >= 0) tma::load_2d(smem.base[buf], &maps.base, barrier, col0, static_cast<int>(blocks.base * kHeadDim));
     if (blocks.m >= 0) {
 #pragma unroll
-      for (int panel = 0; panel < 4; ++panel) {
-        if (maps.m_fp32)
-          tma::load_2d(smem.m[buf][panel], &maps.m, barrier, panel * kPanelCols, static_cast<int>(blocks.m * kHeadDim));
-        else  // hi panels 0, 1 then lo panels 0, 1
-          tma::load_2d(smem.m[buf][panel], &maps.m, barrier, 64 * (panel % 2),
-                       static_cast<int>(blocks.m * 2 * kHeadDim + kHeadDim * (panel / 2)));
-      }
+      for (int panel = 0; panel < kHeadDim / kPanelCols; ++panel)
+        tma::load_2d(smem.m[buf][panel], &maps.m, barrier, panel * kPanelCols, static_cast<int>(blocks.m * kHeadDim));
     }
   }
   if (blocks.base < 0) {
     for (int e = threadIdx.x; e < kPanelBytes / 16; e += kCorrectionThreads)
       reinterpret_cast<float4*>(smem.base[buf])[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-}
-
-// The rank scans' M, landed in buffer `buf` as fp32 panels, rewritten split in the layout the steps
-// read (every element read into registers before any is written over). Called by every thread after
-// the buffer's wait; barriers inside, and the writes made visible to wgmma.
-__device__ __forceinline__ void split_m_in_place(CorrectionStorage& smem, int buf) {
-  constexpr int kPerThread = kHeadDim * kHeadDim / 2 / kCorrectionThreads;  // 32 pairs
-  float2 pairs[kPerThread];
-  const auto at = [](int i) {  // pair i of this thread: row, even column
-    const int e = threadIdx.x + kCorrectionThreads * i;
-    return make_int2(e / (kHeadDim / 2), 2 * (e % (kHeadDim / 2)));
-  };
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int2 rc = at(i);
-    pairs[i] = *reinterpret_cast<const float2*>(panel_element(smem.m[buf][rc.y / kPanelCols], rc.x, rc.y % kPanelCols));
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int2 rc = at(i);
-    uint32_t hi, lo;
-    split_pair(pairs[i].x, pairs[i].y, hi, lo);
-    const uint32_t offset = wg::swizzled_offset(rc.x, rc.y % 64);
-    *reinterpret_cast<uint32_t*>(smem.m[buf][rc.y / 64] + offset) = hi;
-    *reinterpret_cast<uint32_t*>(smem.m[buf][2 + rc.y / 64] + offset) = lo;
-  }
-  wg::fence_shared_to_async();
-  __syncthreads();
 }
 
 // The two buffers' load phases: init() by every thread at the kernel's start (thread 0 sets the
@@ -312,96 +251,60 @@ struct StepLoads {
 };
 
 // One serial step of a correction, of parity t (buffers alternate between steps): next = base +
-// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose, and S the running
-// [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a [128][128] fp32 workspace
-// state; null: nowhere). The product on tensor cores in bf16x3 (hi.hi + hi.lo + lo.hi: ~2^-16
-// relative per product), warpgroup g forming rows 64 g .. 64 g + 63 from the base slice up:
-//   [64,32] += A[64 g : 64 g + 64, 0:128] @ S[128,32]   (8 k-steps x 3 wgmma m64n32k16)
-// A = M is K-major in M's panels (rows 64 g on); A = M^T is MN-major, M's column panel g.
-// Every thread makes its slice writes visible to wgmma; no barrier inside: the caller's one barrier
-// per step orders step t's reads of s[t ^ 1] and of buffer t (complete at the wgmma wait) before
-// step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
-struct NoMarks {
-  __device__ void operator()(int) const {}
-};
-template <bool kTransposed, typename Marks = NoMarks>
-__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0,
-                                                Marks&& mark = {}) {
-  using wg::Major;
-  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Accumulator element 4 j + e: row 64 g + 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2.
-  const int row0 = 64 * group + 16 * warp + lane / 4, col = 2 * (lane % 4);
-  float next[16];
+// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
+// and S the running [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a
+// [128][128] fp32 workspace state; null: nowhere). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
+// relative per product): warp w forms rows 16 w .. 16 w + 15,
+//   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
+// No barrier inside: the caller's one barrier per step orders step t's reads of s[t ^ 1] and of
+// buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
+template <bool kTransposed>
+__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
+  const int m0 = 16 * (threadIdx.x / 32);
+  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+  const SliceTile& s_in = smem.s[t ^ 1];
+  float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
+  if (apply_m) {
+    // M's element (row, col), from its panel
+    auto m_at = [&](int row, int col) { return panel_element(smem.m[t][col / kPanelCols], row, col % kPanelCols); };
+#pragma unroll 2
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+      SplitA a;  // a[q]: A's row m0 + r (+8 for q odd), columns k, k + 1 (k = k0 + c, +8 for q >= 2)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int row = m0 + r + 8 * (q % 2), k = k0 + c + 8 * (q / 2);
+        if constexpr (kTransposed) {  // A[i][k] = M[k][i]
+          split_pair(*m_at(k, row), *m_at(k + 1, row), a.hi[q], a.lo[q]);
+        } else {
+          const float2 pair = *reinterpret_cast<const float2*>(m_at(row, k));
+          split_pair(pair.x, pair.y, a.hi[q], a.lo[q]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        SplitB b;
+        s_in.b_fragment(b, k0, 8 * j);
+        mma_bf16x3(next[j], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
+      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
+      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row, col));
+      next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
+    }
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row0 + 8 * half, 8 * j + col));
-      next[4 * j + 2 * half] = base.x, next[4 * j + 2 * half + 1] = base.y;
+      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
+      const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
+      smem.s[t].store_pair(row, col, x.x, x.y);
+      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
     }
-  if (apply_m) {
-    // A's fragments of the warp's 16 rows, hi and lo, all 8 k-steps (ldmatrix from M's panels: row
-    // m of A is row m of M's panels, K-major; or, transposed, column m of M's panel g, read by
-    // .trans), then 24 RS wgmmas reading only S from shared memory.
-    uint32_t a_hi[8][4], a_lo[8][4];
-    const int q = lane / 8, i = lane % 8;  // lane L addresses row i of the 8x8 matrix q of a k-step
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-      for (int plane = 0; plane < 2; ++plane) {
-        uint32_t (&a)[4] = plane == 0 ? a_hi[ks] : a_lo[ks];
-        if constexpr (kTransposed) {  // matrix q: M rows k0 + 8 (q / 2) + i, columns 16 w + 8 (q % 2) of panel g
-          const int k = 16 * ks + 8 * (q / 2) + i, m = 16 * warp + 8 * (q % 2);
-          ldmatrix_x4_trans(a, smem.m[t][2 * plane + group] + wg::swizzled_offset(k, m));
-        } else {  // matrix q: A rows 64 g + 16 w + 8 (q % 2) + i, columns k0 + 8 (q / 2)
-          const int m = 64 * group + 16 * warp + 8 * (q % 2) + i, k = 16 * ks + 8 * (q / 2);
-          ldmatrix_x4(a, smem.m[t][2 * plane + k / 64] + wg::swizzled_offset(m, k % 64));
-        }
-      }
-    }
-    const SliceBuffer& s_in = smem.s[t ^ 1];
-    wg::fence_operand(next);
-    wg::fence();
-    mark(4);
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, 16 * ks, kSliceCols);
-      const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, 16 * ks, kSliceCols);
-      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_lo[ks], b_hi, true);
-      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_hi[ks], b_lo, true);
-      wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(next, a_hi[ks], b_hi, true);
-    }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operand(next);
-    mark(5);
-  }
-  // next -> S^T hi and lo in s[t]: the 8x8 blocks (rows 16 w + 8 h, columns 8 j) of the accumulator
-  // stored transposed (stmatrix .trans), x4 a = blocks j = 2 a + q / 2, h = q % 2; lane L addresses
-  // row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k = 64 g + 16 w + 8 h.
-  SliceBuffer& s_out = smem.s[t];
-#pragma unroll
-  for (int x4 = 0; x4 < 2; ++x4) {
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = 2 * x4 + q / 2, h = q % 2;
-      split_pair(next[4 * j + 2 * h], next[4 * j + 2 * h + 1], hi[q], lo[q]);
-    }
-    const int q = lane / 8, n = 8 * (2 * x4 + q / 2) + lane % 8, k = 64 * group + 16 * warp + 8 * (q % 2);
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    stmatrix_x4_trans(s_out.hi + at, hi);
-    stmatrix_x4_trans(s_out.lo + at, lo);
-  }
-  if (out != nullptr) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(&out[(row0 + 8 * half) * kHeadDim + col0 + 8 * j + col]) =
-            make_float2(next[4 * j + 2 * half], next[4 * j + 2 * half + 1]);
-  }
-  wg::fence_shared_to_async();
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -457,84 +360,42 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       if (!copy(i)) continue;
       float* dst = to(j0 + i);
 #pragma unroll
-      for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
+      for (int u = 0; u < kVecs; ++u) {
         const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-        store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
-                        __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
+        *reinterpret_cast<float4*>(dst + row * kHeadDim + col0 + 4 * vec) = v[i][u];
       }
     }
   }
 }
 
-// Columns col0 .. col0 + 31 of `from` (zeros when absent) into `to`, any layouts, every load issued
-// before any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u),
-// so that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte
-// stores, 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
-__device__ __forceinline__ void copy_state_slice(const StateBlock& from, const StateBlock& to, int col0) {
-  constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
-  const auto at = [&](int u) {
-    const int e = threadIdx.x + kCorrectionThreads * u;
-    return make_int2(e / (kSliceCols / 4), col0 + 4 * (e % (kSliceCols / 4)));
-  };
-  float4 x[kVecs];
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int2 rc = at(u);
-    x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
-                                              from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
-  }
-  const bool vectors = !to.bf16 && !to.split && to.v_stride == 1 && to.k_stride % 4 == 0 &&
-                       reinterpret_cast<uintptr_t>(to.base) % 16 == 0;
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int2 rc = at(u);
-    if (vectors) {
-      *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x[u];
-    } else {
-      to.store(rc.x, rc.y, x[u].x), to.store(rc.x, rc.y + 1, x[u].y);
-      to.store(rc.x, rc.y + 2, x[u].z), to.store(rc.x, rc.y + 3, x[u].w);
-    }
-  }
-}
-
-// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer (plain
-// loads: the caller's barrier orders the stores, made visible to wgmma here, before the step that
-// reads them).
-__device__ __forceinline__ void load_slice(SliceBuffer& slice, const float* state, int col0) {
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
+// (plain loads: the caller's barrier orders the stores before the step that reads them).
+__device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
   constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
   const int row = threadIdx.x / kPairs, col = 2 * (threadIdx.x % kPairs);
-  float2 x[kHeadDim / kRowStep];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / kRowStep; ++i)
-    x[i] = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
 #pragma unroll
   for (int i = 0; i < kHeadDim / kRowStep; ++i) {
-    slice.store(row + i * kRowStep, col, x[i].x);
-    slice.store(row + i * kRowStep, col + 1, x[i].y);
+    const float2 x = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
+    slice.store_pair(row + i * kRowStep, col, x.x, x.y);
   }
-  wg::fence_shared_to_async();
 }
 
 // The apply-M flags of steps [begin, end) (at most kFlagSteps) into flags[j - begin]: every thread
 // tests kFlagSteps / kCorrectionThreads steps with its loads in flight together. Barriers before (the
-// previous block's readers are done) and after. Returns whether any step of the block is a copy (no
-// M): when none is, the caller skips copy_slices (its flag-word loop cost ~3k cycles of cold code).
+// previous block's readers are done) and after.
 template <typename ApplyM>
-__device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
+__device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
   constexpr int kPerThread = kFlagSteps / kCorrectionThreads;
   __syncthreads();
   bool m[kPerThread];
-  bool copies = false;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t j = begin + threadIdx.x + kCorrectionThreads * i;
     m[i] = j < end && apply_m(j);
-    copies |= j < end && !m[i];
   }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) flags[threadIdx.x + kCorrectionThreads * i] = m[i];
-  return __syncthreads_or(copies) != 0;
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
@@ -549,10 +410,18 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   loads.init(smem, maps);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
+  // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
+  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
+  const StateBlock h0 = sequence_initial_state(p, n, h);
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
-  if (first_start.base != nullptr) copy_state_slice(sequence_initial_state(p, n, h), first_start, col0);
+  if (first_start.base != nullptr) {
+    float x[16];
+    h0.load_row(k, col0 + c0, x);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
+  }
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
@@ -569,14 +438,13 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   // The steps in blocks of kFlagSteps, their flags in shared memory.
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
-    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
+    load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
-    if (copies)
-      copy_slices(
-          smem.apply_m, begin, end,
-          [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+    copy_slices(
+        smem.apply_m, begin, end,
+        [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
     // The steps with M, serial where consecutive: the running slice stays in shared memory and the
     // next step's inputs arrive while this one computes; an M step after a step without M (or
     // after S_0, or first in its block) takes its start from segment_starts instead.
@@ -602,8 +470,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
       prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
       if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
-      correction_step<false>(smem, t, true, start_of(j), col0,
-                             [&](int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); });
+      correction_step<false>(smem, t, true, start_of(j), col0);
       timeline_mark(p, 1, kTimelineCorrectionRow + j, 3);
       t ^= 1;
       j = next;
@@ -635,7 +502,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
     smem.s[1].store(k, c0 + i, start);  // read by step 0
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
   }
-  wg::fence_shared_to_async();
   // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
   // (not for role 0's first step, which multiplies zero).
   auto apply_m = [&](int64_t j) {
@@ -682,7 +548,6 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
-  wg::fence_shared_to_async();
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -698,14 +563,13 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   // The steps in blocks of kFlagSteps from the last, their flags in shared memory.
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
-    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
+    load_step_flags(smem.apply_m, begin, end, apply_m);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: dS_j = dS*_j, all at once.
-    if (copies)
-      copy_slices(
-          smem.apply_m, begin, end,
-          [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
-          [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+    copy_slices(
+        smem.apply_m, begin, end,
+        [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+        [&](int64_t j) { return grad_end_of(j - 1); }, col0);
     // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
     // step without M (or last in its block) takes its start from segment_grad_ends; the last step's
     // start is dht, in s[1].
@@ -753,7 +617,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
     smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
-  wg::fence_shared_to_async();
   // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
   // and past the first step (which multiplies zero), M_x.
   auto segment = [&](int64_t i) { return first + count - 1 - i; };
@@ -796,7 +659,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
     smem.s[1].store(k, c0 + i, x[i]);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x[i];
   }
-  wg::fence_shared_to_async();
   auto load_step = [&](int j, int buf) {  // E_j and M_j, blocks of a.maps
     const int64_t block = (static_cast<int64_t>(j) * 2 * a.num_seqs + n) * a.num_v_heads + h;
     load_correction_step(smem, maps, buf, {block, block + a.num_seqs * a.num_v_heads}, col0);
@@ -805,16 +667,21 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   for (int j = 0; j < a.world; ++j) {
     const int t = j & 1;
     loads.wait(smem, t);
-    split_m_in_place(smem, t);  // barriers inside
+    __syncthreads();
     if (j + 1 < a.world) load_step(j + 1, t ^ 1);
     correction_step<false>(smem, t, true, j + 1 == a.rank ? entering : nullptr, col0);  // S_{j+1} -> s[t]
   }
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const SliceBuffer& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceTile& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last.value(k, c0 + i));  // within 2^-17
+    for (int half = 0; half < 2; ++half) {  // hi + lo: within 2^-17 of the fp32 slice
+      float x[8];
+      last.values(k, c0 + 8 * half, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) final_state.store(k, col0 + c0 + 8 * half + i, x[i]);
+    }
   }
 }
 
@@ -842,7 +709,6 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
     smem.s[1].store(k, c0 + i, x[i]);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x[i];
   }
-  wg::fence_shared_to_async();
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
   auto load_step = [&](int i, int buf) {  // D_j (a block of a.reaching) and M_j (of a.maps)
     const int64_t j = a.world - 1 - i;
@@ -853,7 +719,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   for (int i = 0; i < steps; ++i) {
     const int t = i & 1;
     loads.wait(smem, t);
-    split_m_in_place(smem, t);  // barriers inside
+    __syncthreads();
     if (i + 1 < steps) load_step(i + 1, t ^ 1);
     correction_step<true>(smem, t, true, i + 1 == steps ? d_out : nullptr, col0);
   }
@@ -873,34 +739,27 @@ __global__ void state_store_kernel(const float* src, float* states, const int64_
   }
 }
 
-// A step map over `blocks` [128][128] blocks at `base` (tensor_map.h), fp32 or split (StepMaps);
-// zeros (never used: no step reads it) without any.
-cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks, bool split) {
+// A step map over `blocks` [128][128] fp32 blocks at `base` (tensor_map.h); zeros (never used: no
+// step reads it) without any.
+cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
   *map = CUtensorMap{};
   if (base == nullptr || blocks <= 0) return cudaSuccess;
-  if (blocks > INT32_MAX / (2 * kHeadDim)) return cudaErrorInvalidValue;  // TMA row coordinates are int32
-  const CUresult r = split ? encode_panel_map(map, base, static_cast<uint64_t>(blocks) * 2 * kHeadDim, kHeadDim,
-                                              kHeadDim * 2, kHeadDim, /*f16=*/false)
-                           : encode_block_map(map, base, static_cast<uint64_t>(blocks), kPanelCols);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  if (blocks > INT32_MAX / kHeadDim) return cudaErrorInvalidValue;  // TMA row coordinates are int32
+  return encode_block_map(map, base, static_cast<uint64_t>(blocks), kPanelCols) == CUDA_SUCCESS ? cudaSuccess
+                                                                                              : cudaErrorInvalidValue;
 }
-
-// How a chain's M arrives: split by its producer (the state pass's segment_transitions) or fp32 (the
-// rank scans' gathered maps, split in place).
-enum class ChainM { kSplit, kFp32 };
 
 // A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
 // the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
-// shared memory; its step inputs from `base` (blocks_base fp32 blocks) and `m` (blocks_m).
+// shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
 template <typename Params>
 cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params& params, const float* base,
-                                 int64_t blocks_base, const float* m, int64_t blocks_m, ChainM m_format,
-                                 int64_t num_seqs, int num_v_heads, int roles, cudaStream_t stream) {
+                                 int64_t blocks_base, const float* m, int64_t blocks_m, int64_t num_seqs,
+                                 int num_v_heads, int roles, cudaStream_t stream) {
   if (num_seqs == 0 || num_v_heads == 0) return cudaSuccess;
   StepMaps maps;
-  maps.m_fp32 = m_format == ChainM::kFp32;
-  if (auto err = step_map(&maps.base, base, blocks_base, false); err != cudaSuccess) return err;
-  if (auto err = step_map(&maps.m, m, blocks_m, !maps.m_fp32); err != cudaSuccess) return err;
+  if (auto err = step_map(&maps.base, base, blocks_base); err != cudaSuccess) return err;
+  if (auto err = step_map(&maps.m, m, blocks_m); err != cudaSuccess) return err;
   constexpr int smem = sizeof(CorrectionStorage);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
@@ -913,13 +772,13 @@ cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params&
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream) {
   const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
   return launch_segment_chain(cp_grad_shard_maps_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
-                              blocks, ChainM::kSplit, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
   const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
   return launch_segment_chain(cp_grad_correction_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
-                              blocks, ChainM::kSplit, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
 template <ElemKind E>
@@ -934,20 +793,20 @@ template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
-  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
-                              ChainM::kSplit, p.num_seqs, p.num_v_heads, 2, stream);  // roles E and M
+  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks, p.num_seqs,
+                              p.num_v_heads, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {
   const int64_t blocks = int64_t{params.world} * 2 * params.num_seqs * params.num_v_heads;  // E and M of every rank
-  return launch_segment_chain(shard_scan_kernel, params, params.maps, blocks, params.maps, blocks, ChainM::kFp32,
-                              params.num_seqs, params.num_v_heads, 1, stream);
+  return launch_segment_chain(shard_scan_kernel, params, params.maps, blocks, params.maps, blocks, params.num_seqs,
+                              params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_shard_grad_scan(const ShardGradScanParams& params, cudaStream_t stream) {
   const int64_t reaching = int64_t{params.world} * params.num_seqs * params.num_v_heads;
   return launch_segment_chain(shard_grad_scan_kernel, params, params.reaching, reaching, params.maps, 2 * reaching,
-                              ChainM::kFp32, params.num_seqs, params.num_v_heads, 1, stream);
+                              params.num_seqs, params.num_v_heads, 1, stream);
 }
 
 cudaError_t launch_state_store(const float* src, float* states, const int64_t (&strides)[4], bool vk,
@@ -960,7 +819,7 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
 cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
   return launch_segment_chain(cp_correction_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
-                              ChainM::kSplit, p.num_seqs, p.num_v_heads, 1, stream);
+                              p.num_seqs, p.num_v_heads, 1, stream);
 }
 
 }  // namespace flashgdn::kern

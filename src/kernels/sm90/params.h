@@ -100,8 +100,7 @@ struct ForwardParams {
   int32_t* window_chunks = nullptr;      // [segment][hv]: trailing chunks the state pass runs; 0: the
                                          // whole segment and its transition M (no decay window)
   float* segment_ends = nullptr;         // [segment][hv][128][128]: S*_j, state at the segment's end
-  float* segment_transitions = nullptr;  // [segment][hv] blocks of 64 KiB: M_j (heads without a window), split in
-                                         // bf16 hi and lo planes [128][128] (StateBlock::split)
+  float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
   float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (h0 for j = 0)
   float decay_threshold = -10.f;         // natural-log units
   // [chunk id][hv]: each chunk's sum of the window terms g_t + log max(1, |1 - beta_t |k_t|^2|), written

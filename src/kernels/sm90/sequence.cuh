@@ -94,34 +94,22 @@ __device__ __forceinline__ int64_t first_segment(const ForwardParams& p, int64_t
 }
 
 // A square state block [128][128] in memory, stored in fp32 or bf16 (computed in fp32): element
-// (k, v) at base[k * k_stride + v * v_stride]. Split (the CP transitions M, read by the chains'
-// wgmma in bf16x3): two bf16 planes in the fp32 block's 64 KiB, hi = bf16(x) at base[at] and
-// lo = bf16(x - hi) at base[kSplitPlane + at] (hi + lo within 2^-17 of x).
+// (k, v) at base[k * k_stride + v * v_stride].
 struct StateBlock {
-  static constexpr int64_t kSplitPlane = int64_t{kHeadDim} * kHeadDim;  // bf16 elements of one plane
   void* base = nullptr;  // null: absent (zero when read, not written)
   bool bf16 = false;
-  bool split = false;
   int64_t k_stride = 0, v_stride = 0;
 
   __device__ float load(int k, int v) const {
     const int64_t at = k * k_stride + v * v_stride;
-    const auto* halves = static_cast<const __nv_bfloat16*>(base);
-    if (split) return __bfloat162float(halves[at]) + __bfloat162float(halves[kSplitPlane + at]);
-    return bf16 ? __bfloat162float(halves[at]) : static_cast<const float*>(base)[at];
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[at]) : static_cast<const float*>(base)[at];
   }
   __device__ void store(int k, int v, float x) const {
     const int64_t at = k * k_stride + v * v_stride;
-    auto* halves = static_cast<__nv_bfloat16*>(base);
-    if (split) {
-      const __nv_bfloat16 hi = __float2bfloat16_rn(x);
-      halves[at] = hi;
-      halves[kSplitPlane + at] = __float2bfloat16_rn(x - __bfloat162float(hi));
-    } else if (bf16) {
-      halves[at] = __float2bfloat16_rn(x);
-    } else {
+    if (bf16)
+      static_cast<__nv_bfloat16*>(base)[at] = __float2bfloat16_rn(x);
+    else
       static_cast<float*>(base)[at] = x;
-    }
   }
   // Columns v0 .. v0 + N - 1 of row k (zeros when absent), every load issued before any is used: a
   // copy through these registers costs one memory round trip, where load-store pairs through
@@ -140,7 +128,7 @@ __device__ __forceinline__ StateBlock user_state(const void* states, const int64
   const int64_t offset = n * strides[0] + h * strides[1];
   void* base = bf16 ? static_cast<void*>(const_cast<__nv_bfloat16*>(static_cast<const __nv_bfloat16*>(states)) + offset)
                     : static_cast<void*>(const_cast<float*>(static_cast<const float*>(states)) + offset);
-  return vk ? StateBlock{base, bf16, false, strides[3], strides[2]} : StateBlock{base, bf16, false, strides[2], strides[3]};
+  return vk ? StateBlock{base, bf16, strides[3], strides[2]} : StateBlock{base, bf16, strides[2], strides[3]};
 }
 // Sequence n's initial / final state: row n of the states tensor, or its pool slot (none for -1).
 __device__ __forceinline__ StateBlock sequence_initial_state(const ForwardParams& p, int64_t n, int h) {
@@ -161,10 +149,9 @@ __device__ __forceinline__ StateBlock checkpoint_state(const ForwardParams& p, i
   return user_state(p.checkpoints, p.checkpoint_strides, p.state_vk, first + j, h);
 }
 
-// Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer, fp32 or split.
-__device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h,
-                                                    bool split = false) {
-  return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), false, split, kHeadDim, 1};
+// Block (segment, h) of a contiguous [segment][hv][128][128] workspace buffer.
+__device__ __forceinline__ StateBlock segment_state(float* buffer, int num_v_heads, int64_t segment, int h) {
+  return {buffer + (segment * num_v_heads + h) * (kHeadDim * kHeadDim), false, kHeadDim, 1};
 }
 
 // What one CTA of the fused forward does: which tokens, from which state, into which state.
@@ -235,7 +222,6 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //   state pass, z = 1: only for j > 0 where a correction needs M_j (no forward window and j < last;
 //                      no backward window, j < last or transition_for_last): the whole segment with
 //                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
-//                      (split: bf16 hi and lo planes, StateBlock)
 //   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward or a backward window)
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
@@ -283,7 +269,7 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
     } else {
       item.initial_identity = true;
       item.zero_v = true;
-      item.final = segment_state(p.segment_transitions, p.num_v_heads, x, h, /*split=*/true);
+      item.final = segment_state(p.segment_transitions, p.num_v_heads, x, h);
     }
   } else {
     item.valid = true;
