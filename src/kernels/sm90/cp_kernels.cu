@@ -27,9 +27,9 @@
 //                      buffers). Pipelined (correction_m_steps): M and S* arrive by TMA boxes into
 //                      128-byte-swizzled panels (StepLoads) about two steps ahead, and the next
 //                      step's base and first k-half are split while this step's second k-half runs
-//                      (two barriers per step; one more for an M step after a copy, whose start
-//                      slice is read back). The copies and M steps go in blocks of kFlagSteps
-//                      steps, their apply-M flags read into shared memory first
+//                      (two barriers per step; an M step after a copy reads its start slice
+//                      back). The copies and M steps go in blocks of kFlagSteps steps, their
+//                      apply-M flags read into shared memory first
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -336,15 +336,15 @@ __device__ __forceinline__ void issue_step_half(float (&acc)[16], const HalfA& a
   wg::commit();
 }
 
-// A step's result (waited for) -> the running slice s_out (S^T hi and lo: the accumulator's 8x8 blocks,
+// A step's result (waited for) -> the running slice s_out (null: not kept; S^T hi and lo: the accumulator's 8x8 blocks,
 // rows 16 w + 8 h and columns 8 j, stored transposed by stmatrix; x4 a = blocks j = 2 a + q / 2,
 // h = q % 2, lane L addressing row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k = 64 g + 16 w
 // + 8 h) and to `out` (a [128][128] fp32 workspace state; null: nowhere); the slice writes made
 // visible to wgmma.
-__device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer& s_out, float* out, int col0) {
+__device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer* s_out, float* out, int col0) {
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int x4 = 0; x4 < 2; ++x4) {
+  for (int x4 = 0; x4 < 2 && s_out != nullptr; ++x4) {
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -353,8 +353,8 @@ __device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer& 
     }
     const int q = lane / 8, n = 8 * (2 * x4 + q / 2) + lane % 8, k = 64 * group + 16 * warp + 8 * (q % 2);
     const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    stmatrix_x4_trans(s_out.hi + at, hi);
-    stmatrix_x4_trans(s_out.lo + at, lo);
+    stmatrix_x4_trans(s_out->hi + at, hi);
+    stmatrix_x4_trans(s_out->lo + at, lo);
   }
   if (out != nullptr) {
     const int row0 = step_row0(), c = 2 * (lane % 4);
@@ -387,7 +387,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, 
     wg::wait<0>();
     wg::fence_operand(acc);
   }
-  store_step(acc, smem.s[t], out, col0);
+  store_step(acc, &smem.s[t], out, col0);
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -535,7 +535,8 @@ __device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, i
 // timeline's step events (0 top, 2 barrier passed, 4 k-half 0 issued, 7 buffer released, 1 next
 // inputs waited, 6 next operands split, 5 wgmmas waited, 3 stored). t: the parity of the next step
 // (buffers and slices alternate). A barrier before any shared-memory use (the copies' writes and
-// earlier steps' reads are done); every load issued is waited for.
+// earlier steps' reads are done); every load issued is waited for. Every step has a base block
+// (load's zero-filled base, plain stores, would need a barrier before the prologue reads it).
 template <bool kTransposed, typename After, typename Valid, typename Consecutive, typename Load, typename Start,
           typename Out, typename Mark>
 __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, StepLoads& loads, int& t, int j,
@@ -578,14 +579,14 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     wg::wait<0>();
     wg::fence_operand(acc);
     mark(j, 5);
-    store_step(acc, smem.s[t], out(j), col0);
+    const bool chained = valid(j1) && consecutive(j, j1);  // the next step starts from this one's slice
+    store_step(acc, chained ? &smem.s[t] : nullptr, out(j), col0);
     mark(j, 3);
     t ^= 1;
     if (!valid(j1)) return;
-    if (!consecutive(j, j1)) {
-      __syncthreads();  // every thread's store of this step's slice done before the fresh start replaces it
-      start_slice(j1, smem.s[t ^ 1]);
-    }
+    // Not chained: the next step's start into the slot this step left unwritten (last read by the
+    // previous step's wgmmas, done before this step's first barrier).
+    if (!chained) start_slice(j1, smem.s[t ^ 1]);
     j = j1;
     j1 = j2;
   }
