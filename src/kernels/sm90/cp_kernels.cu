@@ -40,6 +40,7 @@
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
 #include <cuda_runtime.h>
 
+#include "kernels/sm90/chain_step.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
@@ -170,34 +171,10 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
   if (threadIdx.x == 0) windows[x * p.num_v_heads + h] = static_cast<int32_t>(found);
 }
 
-constexpr int kSliceCols = 32;             // state columns per correction CTA
-constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
-constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
-constexpr int kSlicePanelBytes = kSliceCols * 64 * 2;   // [32 rows][64] bf16: 4 KiB
-constexpr int kCorrectionThreads = 256;    // 2 warpgroups, group g owns slice rows 64 g .. 64 g + 63
-static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
+using namespace chain;  // the step (chain_step.cuh)
+constexpr int kCorrectionThreads = kChainThreads;
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
-
-// The running slice S [128 k, 32 n] as the steps' wgmma B operand: S^T [32 n][128 k] K-major, bf16 hi
-// and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled panels of 64 k
-// (wgmma.cuh's tile layout, 32 rows a panel).
-struct SliceBuffer {
-  alignas(1024) unsigned char hi[2 * kSlicePanelBytes];
-  alignas(1024) unsigned char lo[2 * kSlicePanelBytes];
-
-  __device__ __forceinline__ void store(int k, int n, float x) {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    *reinterpret_cast<__nv_bfloat16*>(hi + at) = h;
-    *reinterpret_cast<__nv_bfloat16*>(lo + at) = __float2bfloat16_rn(x - __bfloat162float(h));
-  }
-  __device__ __forceinline__ float value(int k, int n) const {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(hi + at)) +
-           __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(lo + at));
-  }
-};
 
 // Two buffers: step j's M and base slice (S* or dS*) in one while step j + 1's arrive in the other,
 // each as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
@@ -212,11 +189,6 @@ struct CorrectionStorage {
   alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (StepLoads)
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
-
-// Element (row, col) of a [128][32] fp32 panel as the TMA box left it (tma::fp32_panel_offset).
-__device__ __forceinline__ const float* panel_element(const unsigned char* panel, int row, int col) {
-  return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
-}
 
 // The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
 // 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
@@ -271,103 +243,6 @@ struct StepLoads {
   }
 };
 
-// The product of a step, on tensor cores in bf16x3 (hi.hi + hi.lo + lo.hi: ~2^-16 relative per
-// product), warpgroup g forming rows 64 g .. 64 g + 63 of
-//   next[64,32] = base + A[64 g : 64 g + 64, 0:128] @ S[128,32]   (8 k-steps x 3 RS wgmma m64n32k16)
-// with A = M or, transposed, M^T, and S the running slice (B, from shared memory), in two commit
-// groups of 4 k-steps (k-half 0, 1), so that half 0's registers are free again (wg::wait<1>) while
-// half 1 runs. Thread layout: warp w of the group holds A's rows 16 w .. 16 w + 15 as mma.sync m16k16
-// A fragments, split from M's fp32 panels (split_pair), and accumulator element 4 j + e at row
-// 64 g + 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2 (lane l).
-struct HalfA {
-  uint32_t hi[4][4], lo[4][4];  // k-step 4 half + i: A's columns 16 (4 half + i) .. + 15
-};
-
-__device__ __forceinline__ int step_row0() {  // the thread's first accumulator row
-  return 64 * (threadIdx.x / 128) + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;
-}
-
-// Buffer buf's base slice at the accumulator's positions.
-__device__ __forceinline__ void load_step_base(const CorrectionStorage& smem, int buf, float (&base)[16]) {
-  const int row0 = step_row0(), c = 2 * (threadIdx.x % 4);
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float2 b = *reinterpret_cast<const float2*>(panel_element(smem.base[buf], row0 + 8 * half, 8 * j + c));
-      base[4 * j + 2 * half] = b.x, base[4 * j + 2 * half + 1] = b.y;
-    }
-}
-
-// k-half `half` of buffer buf's M (or M^T) as A fragments: a[q] of k-step ks is the pair (row
-// m0 + r + 8 (q % 2), columns k, k + 1), k = 16 ks + 2 (l % 4) + 8 (q / 2).
-template <bool kTransposed>
-__device__ __forceinline__ void load_step_a(const CorrectionStorage& smem, int buf, int half, HalfA& a) {
-  const int row0 = step_row0(), c = 2 * (threadIdx.x % 4);
-  auto m_at = [&](int row, int col) { return panel_element(smem.m[buf][col / kPanelCols], row, col % kPanelCols); };
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = row0 + 8 * (q % 2), k = 16 * (4 * half + i) + c + 8 * (q / 2);
-      if constexpr (kTransposed) {  // A[i][k] = M[k][i]
-        split_pair(*m_at(k, row), *m_at(k + 1, row), a.hi[i][q], a.lo[i][q]);
-      } else {
-        const float2 pair = *reinterpret_cast<const float2*>(m_at(row, k));
-        split_pair(pair.x, pair.y, a.hi[i][q], a.lo[i][q]);
-      }
-    }
-}
-
-// acc (+)= A[:, k-half] @ S[k-half, :]: 12 wgmmas issued and committed as one group, not waited for.
-__device__ __forceinline__ void issue_step_half(float (&acc)[16], const HalfA& a, int half, const SliceBuffer& s_in) {
-  using wg::Major;
-  wg::fence_operand(acc);
-  wg::fence();
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int k0 = 16 * (4 * half + i);
-    const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kSliceCols);
-    const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kSliceCols);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.lo[i], b_hi, true);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.hi[i], b_lo, true);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.hi[i], b_hi, true);
-  }
-  wg::commit();
-}
-
-// A step's result (waited for) -> the running slice s_out (null: not kept; S^T hi and lo: the accumulator's 8x8 blocks,
-// rows 16 w + 8 h and columns 8 j, stored transposed by stmatrix; x4 a = blocks j = 2 a + q / 2,
-// h = q % 2, lane L addressing row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k = 64 g + 16 w
-// + 8 h) and to `out` (a [128][128] fp32 workspace state; null: nowhere); the slice writes made
-// visible to wgmma.
-__device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer* s_out, float* out, int col0) {
-  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int x4 = 0; x4 < 2 && s_out != nullptr; ++x4) {
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = 2 * x4 + q / 2, h = q % 2;
-      split_pair(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], hi[q], lo[q]);
-    }
-    const int q = lane / 8, n = 8 * (2 * x4 + q / 2) + lane % 8, k = 64 * group + 16 * warp + 8 * (q % 2);
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
-    stmatrix_x4_trans(s_out->hi + at, hi);
-    stmatrix_x4_trans(s_out->lo + at, lo);
-  }
-  if (out != nullptr) {
-    const int row0 = step_row0(), c = 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(&out[(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =
-            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-  }
-  wg::fence_shared_to_async();
-}
-
 // One serial step of a chain, of parity t (buffers alternate between steps), operands loaded and
 // waited for in place: next = base + (apply_m ? M S : 0) from buffer t with S in smem.s[t ^ 1]; next
 // goes to smem.s[t] and to `out`. No barrier inside: the caller's one barrier per step orders step
@@ -377,11 +252,11 @@ __device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer* 
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
   float acc[16];
-  load_step_base(smem, t, acc);
+  load_step_base(smem.base[t], acc);
   if (apply_m) {
     HalfA a[2];
-    load_step_a<kTransposed>(smem, t, 0, a[0]);
-    load_step_a<kTransposed>(smem, t, 1, a[1]);
+    load_step_a<kTransposed>(smem.m[t], 0, a[0]);
+    load_step_a<kTransposed>(smem.m[t], 1, a[1]);
     issue_step_half(acc, a[0], 0, smem.s[t ^ 1]);
     issue_step_half(acc, a[1], 1, smem.s[t ^ 1]);
     wg::wait<0>();
@@ -551,8 +426,8 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
   float base[16];
   HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
   loads.wait(smem, t);
-  load_step_base(smem, t, base);
-  load_step_a<kTransposed>(smem, t, 0, a0);
+  load_step_base(smem.base[t], base);
+  load_step_a<kTransposed>(smem.m[t], 0, a0);
   for (;;) {
     mark(j, 0);
     __syncthreads();  // s[t ^ 1] written (previous step or start_slice)
@@ -562,7 +437,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     for (int e = 0; e < 16; ++e) acc[e] = base[e];
     issue_step_half(acc, a0, 0, smem.s[t ^ 1]);
     mark(j, 4);
-    load_step_a<kTransposed>(smem, t, 1, a1);
+    load_step_a<kTransposed>(smem.m[t], 1, a1);
     __syncthreads();  // buffer t read everywhere
     const int j2 = valid(j1) ? static_cast<int>(after(j1)) : j1;
     if (valid(j2)) load(j2, t);
@@ -572,8 +447,8 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     if (valid(j1)) {
       loads.wait(smem, t ^ 1);
       mark(j, 1);
-      load_step_base(smem, t ^ 1, base);
-      load_step_a<kTransposed>(smem, t ^ 1, 0, a0);
+      load_step_base(smem.base[t ^ 1], base);
+      load_step_a<kTransposed>(smem.m[t ^ 1], 0, a0);
       mark(j, 6);
     }
     wg::wait<0>();
