@@ -59,7 +59,9 @@ GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("
 # The CP correction (timeline.cuh's correction events, rows from CORRECTION_ROW).
 CORRECTION_CONFIGS = [([8192], 2, 8), ([32768], 2, 8)]
 CORRECTION_ROW = 16
-CORRECTION = [("wait inputs", 0, 1), ("barrier", 1, 2), ("issue next + compute", 2, 3)]
+CORRECTION = [("barrier", 0, 2), ("k-half 0 issued", 2, 4), ("k-half 1 split + barrier", 4, 7),
+              ("k-half 1 issued + next inputs waited", 7, 1), ("next base + k-half 0 split", 1, 6),
+              ("wgmmas waited", 6, 5), ("stores", 5, 3)]
 
 
 def correction_phases(row):

@@ -21,13 +21,15 @@
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
 //                      -> segment_starts. The copies (window) depend on nothing: all at once
 //                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
-//                      cores in bf16x3 (fp32-grade products, warp_mma.cuh) from shared memory;
-//                      step j + 1's M and S* are loaded (TMA boxes into 128-byte-swizzled
-//                      panels, StepLoads) while step j computes when step j + 1 is an M step too
-//                      (one barrier per step; two for an M step after a copy, whose start slice
-//                      is read back); the running slice ping-pongs between two buffers. The
-//                      copies and M steps go in blocks of kFlagSteps steps, their apply-M flags
-//                      read into shared memory first
+//                      cores, 2 warpgroups x 8 k-steps x 3 RS wgmma m64n32k16 in bf16x3
+//                      (fp32-grade products), A = M split from its fp32 panels into registers,
+//                      B = the running slice, kept as S^T bf16 hi/lo panels (ping-pong between two
+//                      buffers). Pipelined (correction_m_steps): M and S* arrive by TMA boxes into
+//                      128-byte-swizzled panels (StepLoads) about two steps ahead, and the next
+//                      step's base and first k-half are split while this step's second k-half runs
+//                      (two barriers per step; an M step after a copy reads its start slice
+//                      back). The copies and M steps go in blocks of kFlagSteps steps, their
+//                      apply-M flags read into shared memory first
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -38,6 +40,7 @@
 // scaled by at most e^{decay_threshold} (e^{-10} ~ 4.5e-5 of its norm by default).
 #include <cuda_runtime.h>
 
+#include "kernels/sm90/chain_step.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
@@ -45,6 +48,7 @@
 #include "kernels/sm90/timeline.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/warp_mma.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
 namespace {
@@ -167,35 +171,24 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
   if (threadIdx.x == 0) windows[x * p.num_v_heads + h] = static_cast<int32_t>(found);
 }
 
-constexpr int kSliceCols = 32;             // state columns per correction CTA
-constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
-constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
-constexpr int kCorrectionThreads = 256;    // 8 warps, warp w owns slice rows 16 w .. 16 w + 15
-static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
-
-using SliceTile = SplitTile<kHeadDim, kSliceCols + 8>;  // [128][40] bf16 hi and lo
+using namespace chain;  // the step (chain_step.cuh)
+constexpr int kCorrectionThreads = kChainThreads;
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
-// Two buffers: step j computes from one while step j + 1's M and S* (or dS*) arrive in the other, each
-// as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
+// Two buffers: step j's M and base slice (S* or dS*) in one while step j + 1's arrive in the other,
+// each as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
 struct CorrectionStorage {
   alignas(1024) unsigned char m[2][kHeadDim / kPanelCols][kPanelBytes];  // M's column panels
   alignas(1024) unsigned char base[2][kPanelBytes];                      // the base slice
-  // The running slice, ping-pong (step t reads s[t ^ 1], writes s[t]), kept split for bf16x3 (its
-  // B fragments by ldmatrix: every warp reads all of it, so each element is split once, not 8 times).
-  SliceTile s[2];
+  // The running slice, ping-pong: step t reads s[t ^ 1] and writes s[t].
+  SliceBuffer s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   alignas(16) uint8_t apply_m[kFlagSteps];  // 0 past the block's last step
   alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (StepLoads)
 };
 static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
-
-// Element (row, col) of a [128][32] fp32 panel as the TMA box left it (tma::fp32_panel_offset).
-__device__ __forceinline__ const float* panel_element(const unsigned char* panel, int row, int col) {
-  return reinterpret_cast<const float*>(panel + tma::fp32_panel_offset(row, col));
-}
 
 // The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
 // 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
@@ -250,61 +243,26 @@ struct StepLoads {
   }
 };
 
-// One serial step of a correction, of parity t (buffers alternate between steps): next = base +
-// (apply_m ? M S : 0) from buffer t, with M or, with kTransposed, its transpose (read by columns),
-// and S the running [128, 32] slice in smem.s[t ^ 1]; next goes to smem.s[t] and to `out` (a
-// [128][128] fp32 workspace state; null: nowhere). The product on tensor cores in bf16x3 (warp_mma.cuh: ~2^-16
-// relative per product): warp w forms rows 16 w .. 16 w + 15,
-//   [16,32] = M[16 w : 16 w + 16, 0:128] @ S[128,32]   (8 k-blocks x 4 n-tiles x 3 mma.sync).
-// No barrier inside: the caller's one barrier per step orders step t's reads of s[t ^ 1] and of
-// buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads refill buffer t.
+// One serial step of a chain, of parity t (buffers alternate between steps), operands loaded and
+// waited for in place: next = base + (apply_m ? M S : 0) from buffer t with S in smem.s[t ^ 1]; next
+// goes to smem.s[t] and to `out`. No barrier inside: the caller's one barrier per step orders step
+// t's reads of s[t ^ 1] and of buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads
+// refill buffer t. (The corrections pipeline these phases instead: operands of the next step while
+// this one's wgmmas run.)
 template <bool kTransposed>
 __device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
-  const int m0 = 16 * (threadIdx.x / 32);
-  const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-  const SliceTile& s_in = smem.s[t ^ 1];
-  float next[4][4] = {};  // C fragments of the warp's 4 n-tiles
+  float acc[16];
+  load_step_base(smem.base[t], acc);
   if (apply_m) {
-    // M's element (row, col), from its panel
-    auto m_at = [&](int row, int col) { return panel_element(smem.m[t][col / kPanelCols], row, col % kPanelCols); };
-#pragma unroll 2
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-      SplitA a;  // a[q]: A's row m0 + r (+8 for q odd), columns k, k + 1 (k = k0 + c, +8 for q >= 2)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = m0 + r + 8 * (q % 2), k = k0 + c + 8 * (q / 2);
-        if constexpr (kTransposed) {  // A[i][k] = M[k][i]
-          split_pair(*m_at(k, row), *m_at(k + 1, row), a.hi[q], a.lo[q]);
-        } else {
-          const float2 pair = *reinterpret_cast<const float2*>(m_at(row, k));
-          split_pair(pair.x, pair.y, a.hi[q], a.lo[q]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        SplitB b;
-        s_in.b_fragment(b, k0, 8 * j);
-        mma_bf16x3(next[j], a, b);
-      }
-    }
+    HalfA a[2];
+    load_step_a<kTransposed>(smem.m[t], 0, a[0]);
+    load_step_a<kTransposed>(smem.m[t], 1, a[1]);
+    issue_step_half(acc, a[0], 0, smem.s[t ^ 1]);
+    issue_step_half(acc, a[1], 1, smem.s[t ^ 1]);
+    wg::wait<0>();
+    wg::fence_operand(acc);
   }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // C fragment elements 2 half, 2 half + 1: one row, two columns
-      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 base = *reinterpret_cast<const float2*>(panel_element(smem.base[t], row, col));
-      next[j][2 * half] += base.x, next[j][2 * half + 1] += base.y;
-    }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = acc_row(m0, 0, 2 * half), col = acc_col(0, j, 0);
-      const float2 x = make_float2(next[j][2 * half], next[j][2 * half + 1]);
-      smem.s[t].store_pair(row, col, x.x, x.y);
-      if (out != nullptr) *reinterpret_cast<float2*>(&out[row * kHeadDim + col0 + col]) = x;
-    }
+  store_step(acc, &smem.s[t], out, col0);
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -360,42 +318,153 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       if (!copy(i)) continue;
       float* dst = to(j0 + i);
 #pragma unroll
-      for (int u = 0; u < kVecs; ++u) {
+      for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
         const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
-        *reinterpret_cast<float4*>(dst + row * kHeadDim + col0 + 4 * vec) = v[i][u];
+        store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
+                        __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
       }
     }
   }
 }
 
-// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer, split
-// (plain loads: the caller's barrier orders the stores before the step that reads them).
-__device__ __forceinline__ void load_slice(SliceTile& slice, const float* state, int col0) {
+// Columns col0 .. col0 + 31 of `from` (zeros when absent) into `to`, any layouts, every load issued
+// before any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u),
+// so that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte
+// stores, 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
+__device__ __forceinline__ void copy_state_slice(const StateBlock& from, const StateBlock& to, int col0) {
+  constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  const auto at = [&](int u) {
+    const int e = threadIdx.x + kCorrectionThreads * u;
+    return make_int2(e / (kSliceCols / 4), col0 + 4 * (e % (kSliceCols / 4)));
+  };
+  float4 x[kVecs];
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+    const int2 rc = at(u);
+    x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
+                                              from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
+  }
+  const bool vectors = !to.bf16 && to.v_stride == 1 && to.k_stride % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(to.base) % 16 == 0;
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+    const int2 rc = at(u);
+    if (vectors) {
+      *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x[u];
+    } else {
+      to.store(rc.x, rc.y, x[u].x), to.store(rc.x, rc.y + 1, x[u].y);
+      to.store(rc.x, rc.y + 2, x[u].z), to.store(rc.x, rc.y + 3, x[u].w);
+    }
+  }
+}
+
+// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer (plain
+// loads: the caller's barrier orders the stores, made visible to wgmma here, before the step that
+// reads them).
+__device__ __forceinline__ void load_slice(SliceBuffer& slice, const float* state, int col0) {
   constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
   const int row = threadIdx.x / kPairs, col = 2 * (threadIdx.x % kPairs);
+  float2 x[kHeadDim / kRowStep];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / kRowStep; ++i)
+    x[i] = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
 #pragma unroll
   for (int i = 0; i < kHeadDim / kRowStep; ++i) {
-    const float2 x = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
-    slice.store_pair(row + i * kRowStep, col, x.x, x.y);
+    slice.store(row + i * kRowStep, col, x[i].x);
+    slice.store(row + i * kRowStep, col + 1, x[i].y);
   }
+  wg::fence_shared_to_async();
 }
 
 // The apply-M flags of steps [begin, end) (at most kFlagSteps) into flags[j - begin]: every thread
 // tests kFlagSteps / kCorrectionThreads steps with its loads in flight together. Barriers before (the
-// previous block's readers are done) and after.
+// previous block's readers are done) and after. Returns whether any step of the block is a copy (no
+// M): when none is, the caller skips copy_slices (its flag-word loop cost ~3k cycles of cold code).
 template <typename ApplyM>
-__device__ __forceinline__ void load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
+__device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, int64_t end, ApplyM&& apply_m) {
   constexpr int kPerThread = kFlagSteps / kCorrectionThreads;
   __syncthreads();
   bool m[kPerThread];
+  bool copies = false;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t j = begin + threadIdx.x + kCorrectionThreads * i;
     m[i] = j < end && apply_m(j);
+    copies |= j < end && !m[i];
   }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) flags[threadIdx.x + kCorrectionThreads * i] = m[i];
+  return __syncthreads_or(copies) != 0;
+}
+
+// The M steps of a correction's flag block, serial, pipelined. Step j's TMA inputs were issued about
+// two steps ahead; its base and A's k-half 0 were split into registers while the previous step's
+// k-half 1 ran. A step: acc = base, k-half 0's wgmmas issued; k-half 1 split from its buffer; a
+// barrier (the buffer is read everywhere: thread 0 refills it with the inputs of the step after next);
+// k-half 1 issued; wg::wait<1> (k-half 0's registers free); the next step's inputs waited for, its
+// base and k-half 0 split; wg::wait<0>; the result stored. The steps from j on: after(j) the next M
+// step, valid(j) whether there is one, load(j, buf) issues step j's inputs into buffer buf,
+// start_slice(j, slice) writes step j's start into the running slice when the previous M step is
+// not its neighbour (consecutive(j, after(j))), out(j) where step j's result goes; mark(j, event) the
+// timeline's step events (0 top, 2 barrier passed, 4 k-half 0 issued, 7 buffer released, 1 next
+// inputs waited, 6 next operands split, 5 wgmmas waited, 3 stored). t: the parity of the next step
+// (buffers and slices alternate). A barrier before any shared-memory use (the copies' writes and
+// earlier steps' reads are done); every load issued is waited for. Every step has a base block
+// (load's zero-filled base, plain stores, would need a barrier before the prologue reads it).
+template <bool kTransposed, typename After, typename Valid, typename Consecutive, typename Load, typename Start,
+          typename Out, typename Mark>
+__device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, StepLoads& loads, int& t, int j,
+                                                   int col0, After&& after, Valid&& valid, Consecutive&& consecutive,
+                                                   Load&& load, Start&& start_slice, Out&& out, Mark&& mark) {
+  if (!valid(j)) return;
   __syncthreads();
+  int j1 = static_cast<int>(after(j));  // step indices are segment indices of one sequence: < 2^31
+  load(j, t);
+  if (valid(j1)) load(j1, t ^ 1);
+  start_slice(j, smem.s[t ^ 1]);
+  float base[16];
+  HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
+  loads.wait(smem, t);
+  load_step_base(smem.base[t], base);
+  load_step_a<kTransposed>(smem.m[t], 0, a0);
+  for (;;) {
+    mark(j, 0);
+    __syncthreads();  // s[t ^ 1] written (previous step or start_slice)
+    mark(j, 2);
+    float acc[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) acc[e] = base[e];
+    issue_step_half(acc, a0, 0, smem.s[t ^ 1]);
+    mark(j, 4);
+    load_step_a<kTransposed>(smem.m[t], 1, a1);
+    __syncthreads();  // buffer t read everywhere
+    const int j2 = valid(j1) ? static_cast<int>(after(j1)) : j1;
+    if (valid(j2)) load(j2, t);
+    mark(j, 7);
+    issue_step_half(acc, a1, 1, smem.s[t ^ 1]);
+    wg::wait<1>();  // k-half 0 done: a0 free
+    if (valid(j1)) {
+      loads.wait(smem, t ^ 1);
+      mark(j, 1);
+      load_step_base(smem.base[t ^ 1], base);
+      load_step_a<kTransposed>(smem.m[t ^ 1], 0, a0);
+      mark(j, 6);
+    }
+    wg::wait<0>();
+    wg::fence_operand(acc);
+    mark(j, 5);
+    const bool chained = valid(j1) && consecutive(j, j1);  // the next step starts from this one's slice
+    store_step(acc, chained ? &smem.s[t] : nullptr, out(j), col0);
+    mark(j, 3);
+    t ^= 1;
+    if (!valid(j1)) return;
+    // Not chained: the next step's start into the slot this step left unwritten (last read by the
+    // previous step's wgmmas, done before this step's first barrier).
+    if (!chained) start_slice(j1, smem.s[t ^ 1]);
+    j = j1;
+    j1 = j2;
+  }
 }
 
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
@@ -410,18 +479,10 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   loads.init(smem, maps);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
-  // Thread layout of S_0: row k = tid / 2, 16 columns from 16 * (tid % 2).
-  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
-  const StateBlock h0 = sequence_initial_state(p, n, h);
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
-  if (first_start.base != nullptr) {
-    float x[16];
-    h0.load_row(k, col0 + c0, x);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) first_start.store(k, col0 + c0 + i, x[i]);
-  }
+  if (first_start.base != nullptr) copy_state_slice(sequence_initial_state(p, n, h), first_start, col0);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
@@ -438,43 +499,27 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   // The steps in blocks of kFlagSteps, their flags in shared memory.
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
-    load_step_flags(smem.apply_m, begin, end, apply_m);
+    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: S_{j+1} = S*_j, all at once.
-    copy_slices(
-        smem.apply_m, begin, end,
-        [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
-    // The steps with M, serial where consecutive: the running slice stays in shared memory and the
-    // next step's inputs arrive while this one computes; an M step after a step without M (or
-    // after S_0, or first in its block) takes its start from segment_starts instead.
+    if (copies)
+      copy_slices(
+          smem.apply_m, begin, end,
+          [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
+    // The steps with M, serial (correction_m_steps): the running slice stays in shared memory where
+    // they are consecutive; an M step after a step without M (or after S_0, or first in its block)
+    // takes its start from segment_starts instead.
     auto next_m_step = [&](int64_t j) {
       while (j < end && !m_step(j)) ++j;
       return j;
     };
-    bool prefetched = false;  // step j's inputs issued during the previous step
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
-    for (int64_t j = next_m_step(begin); j < end;) {
-      timeline_mark(p, 1, kTimelineCorrectionRow + j, 0);
-      if (!prefetched) {
-        // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and S_0 and the
-        // copies above (this step's start) are written.
-        __syncthreads();
-        load_slice(smem.s[t ^ 1], start_of(j - 1), col0);
-        load_step(j, t);
-      }
-      const int64_t next = next_m_step(j + 1);
-      loads.wait(smem, t);  // step j's inputs
-      timeline_mark(p, 1, kTimelineCorrectionRow + j, 1);
-      __syncthreads();     // ... visible to every thread, with the previous step's slice
-      timeline_mark(p, 1, kTimelineCorrectionRow + j, 2);
-      prefetched = next == j + 1 && next < end;  // consecutive: its start is this step's output, s[t]
-      if (prefetched) load_step(next, t ^ 1);    // buffer t ^ 1 was last read by the previous step
-      correction_step<false>(smem, t, true, start_of(j), col0);
-      timeline_mark(p, 1, kTimelineCorrectionRow + j, 3);
-      t ^= 1;
-      j = next;
-    }
+    correction_m_steps<false>(
+        smem, loads, t, next_m_step(begin), col0, [&](int64_t j) { return next_m_step(j + 1); },
+        [&](int64_t j) { return j < end; }, [](int64_t j, int64_t next) { return next == j + 1; }, load_step,
+        [&](int64_t j, SliceBuffer& slice) { load_slice(slice, start_of(j - 1), col0); }, start_of,
+        [&](int64_t j, int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); });
   }
 }
 
@@ -502,6 +547,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
     smem.s[1].store(k, c0 + i, start);  // read by step 0
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = start;
   }
+  wg::fence_shared_to_async();
   // Step j (0 <= j < count) reads segment first + j: S*_j (role 0) and, without a window, M_j
   // (not for role 0's first step, which multiplies zero).
   auto apply_m = [&](int64_t j) {
@@ -548,6 +594,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
+  wg::fence_shared_to_async();
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
   // flows into it).
@@ -563,38 +610,28 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   // The steps in blocks of kFlagSteps from the last, their flags in shared memory.
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
-    load_step_flags(smem.apply_m, begin, end, apply_m);
+    const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     // The steps without M: dS_j = dS*_j, all at once.
-    copy_slices(
-        smem.apply_m, begin, end,
-        [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
-        [&](int64_t j) { return grad_end_of(j - 1); }, col0);
-    // The steps with M, serial where consecutive (as in cp_correction, in reverse): an M step after a
-    // step without M (or last in its block) takes its start from segment_grad_ends; the last step's
-    // start is dht, in s[1].
+    if (copies)
+      copy_slices(
+          smem.apply_m, begin, end,
+          [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
+          [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+    // The steps with M, serial (as in cp_correction, in reverse): an M step after a step without M
+    // (or last in its block) takes its start from segment_grad_ends; the last step's start is dht,
+    // in s[1] (t = 0 there: no step before it).
     auto previous_m_step = [&](int64_t j) {
       while (j >= begin && !m_step(j)) --j;
       return j;
     };
-    bool prefetched = false;
-    for (int64_t j = previous_m_step(end - 1); j >= begin;) {
-      if (!prefetched) {
-        // The previous step's reads of s[t ^ 1] and of buffer t are done everywhere, and the copies
-        // above (this step's start) and dht in s[1] are written.
-        __syncthreads();
-        if (j != count - 1) load_slice(smem.s[t ^ 1], grad_end_of(j), col0);  // else dht, already in s[1]
-        load_step(j, t);
-      }
-      const int64_t next = previous_m_step(j - 1);
-      loads.wait(smem, t);
-      __syncthreads();
-      prefetched = next == j - 1 && next >= begin;
-      if (prefetched) load_step(next, t ^ 1);
-      correction_step<true>(smem, t, true, grad_end_of(j - 1), col0);
-      t ^= 1;
-      j = next;
-    }
+    correction_m_steps<true>(
+        smem, loads, t, previous_m_step(end - 1), col0, [&](int64_t j) { return previous_m_step(j - 1); },
+        [&](int64_t j) { return j >= begin; }, [](int64_t j, int64_t next) { return next == j - 1; }, load_step,
+        [&](int64_t j, SliceBuffer& slice) {
+          if (j != count - 1) load_slice(slice, grad_end_of(j), col0);  // else dht, already in s[1]
+        },
+        [&](int64_t j) { return grad_end_of(j - 1); }, [](int64_t, int) {});
   }
 }
 
@@ -617,6 +654,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
     smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
+  wg::fence_shared_to_async();
   // Step i (0 <= i < count) reads segment x = first + count - 1 - i: dS*_x and, without a window
   // and past the first step (which multiplies zero), M_x.
   auto segment = [&](int64_t i) { return first + count - 1 - i; };
@@ -659,6 +697,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
     smem.s[1].store(k, c0 + i, x[i]);  // S_0, read by step 0
     if (a.rank == 0) entering[k * kHeadDim + col0 + c0 + i] = x[i];
   }
+  wg::fence_shared_to_async();
   auto load_step = [&](int j, int buf) {  // E_j and M_j, blocks of a.maps
     const int64_t block = (static_cast<int64_t>(j) * 2 * a.num_seqs + n) * a.num_v_heads + h;
     load_correction_step(smem, maps, buf, {block, block + a.num_seqs * a.num_v_heads}, col0);
@@ -674,14 +713,9 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const SliceTile& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceBuffer& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // hi + lo: within 2^-17 of the fp32 slice
-      float x[8];
-      last.values(k, c0 + 8 * half, x);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) final_state.store(k, col0 + c0 + 8 * half + i, x[i]);
-    }
+    for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last.value(k, c0 + i));  // within 2^-17
   }
 }
 
@@ -709,6 +743,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
     smem.s[1].store(k, c0 + i, x[i]);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x[i];
   }
+  wg::fence_shared_to_async();
   // Step i reads rank j = world - 1 - i: D_j and M_j (rows N + n of its maps).
   auto load_step = [&](int i, int buf) {  // D_j (a block of a.reaching) and M_j (of a.maps)
     const int64_t j = a.world - 1 - i;
@@ -793,8 +828,8 @@ template cudaError_t launch_cp_windows<ElemKind::kF16>(const ForwardParams&, int
 
 cudaError_t launch_cp_shard_maps(const ForwardParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
-  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks, p.num_seqs,
-                              p.num_v_heads, 2, stream);  // roles E and M
+  return launch_segment_chain(cp_shard_maps_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
+                              p.num_seqs, p.num_v_heads, 2, stream);  // roles E and M
 }
 
 cudaError_t launch_shard_scan(const ShardScanParams& params, cudaStream_t stream) {

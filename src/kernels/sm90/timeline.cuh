@@ -17,7 +17,9 @@
 // The forward's CP correction (cp_correction_kernel, cp_kernels.cu) marks CTA (0, 0, 0)'s steps with
 // thread 128 (role 1) from row kTimelineCorrectionRow on (row kTimelineCorrectionRow + j for step j,
 // above the rows the fused passes' items of at most kTimelineCorrectionRow - 1 chunks write): 0 step
-// top, 1 inputs waited, 2 barrier passed, 3 step computed; in the row before: 10 kernel start (the
+// top, 2 barrier passed, 4 k-half 0 issued, 7 the step's buffer released, 1 the next step's inputs
+// waited, 6 its base and k-half 0 split, 5 wgmmas waited, 3 step stored (cp_kernels.cu's
+// correction_m_steps); in the row before: 10 kernel start (the
 // previous grid waited for), 0 the step barriers initialised, 1 S_0 stored, 2 the first flag block
 // read, 11 the M steps' loop entered (flags and copies done; once per flag block).
 // bench/timeline.py reads them (--backward for the gradient pass, --correction for the correction).

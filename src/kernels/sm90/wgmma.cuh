@@ -156,10 +156,10 @@ __device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a
                  "n"(kTransB))
 
 // d[N/2] (+)= A[64,16] @ B[16,N] with A from registers (Elem x2, the mma.sync m16k16 A fragment of
-// each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 64 or 128.
+// each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 32, 64 or 128.
 template <typename Elem, int N, Major kMajorB>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+  static_assert(N == 32 || N == 64 || N == 128, "m64n32k16, m64n64k16 or m64n128k16");
   constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
   static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
   constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
@@ -169,12 +169,18 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
   } else if constexpr (N == 128) {
     FLASHGDN_WG_RS("m64n128k16.f32.f16.f16", FLASHGDN_WG_ACC64_LIST, FLASHGDN_WG_ACC64_OPERANDS,
                    "{%64, %65, %66, %67}", "%68", "%69", "%70");
-  } else if constexpr (kBF16) {
+  } else if constexpr (N == 64 && kBF16) {
     FLASHGDN_WG_RS("m64n64k16.f32.bf16.bf16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS,
                    "{%32, %33, %34, %35}", "%36", "%37", "%38");
-  } else {
+  } else if constexpr (N == 64) {
     FLASHGDN_WG_RS("m64n64k16.f32.f16.f16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS,
                    "{%32, %33, %34, %35}", "%36", "%37", "%38");
+  } else if constexpr (kBF16) {
+    FLASHGDN_WG_RS("m64n32k16.f32.bf16.bf16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS,
+                   "{%16, %17, %18, %19}", "%20", "%21", "%22");
+  } else {
+    FLASHGDN_WG_RS("m64n32k16.f32.f16.f16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS,
+                   "{%16, %17, %18, %19}", "%20", "%21", "%22");
   }
 }
 
