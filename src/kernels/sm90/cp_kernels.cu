@@ -19,8 +19,8 @@
 //                      sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
-//                      -> segment_starts. The copies (window) depend on nothing: all at once
-//                      first. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
+//                      -> segment_starts. The copies (window) depend on nothing: all at once,
+//                      while the first M steps' inputs load. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
 //                      cores, 2 warpgroups x 8 k-steps x 3 RS wgmma m64n32k16 in bf16x3
 //                      (fp32-grade products), A = M split from its fp32 panels into registers,
 //                      B = the running slice, kept as S^T bf16 hi/lo panels (ping-pong between two
@@ -28,8 +28,9 @@
 //                      128-byte-swizzled panels (StepLoads) about two steps ahead, and the next
 //                      step's base and first k-half are split while this step's second k-half runs
 //                      (two barriers per step; an M step after a copy reads its start slice
-//                      back). The copies and M steps go in blocks of kFlagSteps steps, their
-//                      apply-M flags read into shared memory first
+//                      from the copy's source). The copies and M steps go in blocks of kFlagSteps
+//                      steps, their apply-M flags read into shared memory first; a block's copies
+//                      run while its first M steps' inputs load
 //   fused_forward      main pass: every segment from S_j: o and the final state
 // Shard phases (inter-GPU CP, p.shard): the state pass also runs the last segment and every
 // segment's M_j (the first too, from zero); the maps phase ends with cp_shard_maps (the whole
@@ -327,52 +328,72 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
   }
 }
 
-// Columns col0 .. col0 + 31 of `from` (zeros when absent) into `to`, any layouts, every load issued
-// before any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u),
-// so that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte
-// stores, 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
-__device__ __forceinline__ void copy_state_slice(const StateBlock& from, const StateBlock& to, int col0) {
-  constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
-  const auto at = [&](int u) {
+// Columns col0 .. col0 + 31 of a state in registers (StateSlice): fetch_state_slice reads `from`
+// (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
+// any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u), so
+// that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte stores,
+// 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
+struct StateSlice {
+  static constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  float4 x[kVecs];
+  static __device__ __forceinline__ int2 at(int u, int col0) {
     const int e = threadIdx.x + kCorrectionThreads * u;
     return make_int2(e / (kSliceCols / 4), col0 + 4 * (e % (kSliceCols / 4)));
-  };
-  float4 x[kVecs];
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int2 rc = at(u);
-    x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
-                                              from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
   }
+};
+__device__ __forceinline__ StateSlice fetch_state_slice(const StateBlock& from, int col0) {
+  StateSlice slice;
+#pragma unroll
+  for (int u = 0; u < StateSlice::kVecs; ++u) {
+    const int2 rc = StateSlice::at(u, col0);
+    slice.x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                      : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
+                                                    from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
+  }
+  return slice;
+}
+__device__ __forceinline__ void store_state_slice(const StateSlice& slice, const StateBlock& to, int col0) {
   const bool vectors = !to.bf16 && to.v_stride == 1 && to.k_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(to.base) % 16 == 0;
 #pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int2 rc = at(u);
+  for (int u = 0; u < StateSlice::kVecs; ++u) {
+    const int2 rc = StateSlice::at(u, col0);
+    const float4 x = slice.x[u];
     if (vectors) {
-      *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x[u];
+      *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x;
     } else {
-      to.store(rc.x, rc.y, x[u].x), to.store(rc.x, rc.y + 1, x[u].y);
-      to.store(rc.x, rc.y + 2, x[u].z), to.store(rc.x, rc.y + 3, x[u].w);
+      to.store(rc.x, rc.y, x.x), to.store(rc.x, rc.y + 1, x.y);
+      to.store(rc.x, rc.y + 2, x.z), to.store(rc.x, rc.y + 3, x.w);
     }
   }
 }
 
-// A [128, 32] column slice of a [128][128] fp32 workspace state into a running slice buffer (plain
-// loads: the caller's barrier orders the stores, made visible to wgmma here, before the step that
-// reads them).
-__device__ __forceinline__ void load_slice(SliceBuffer& slice, const float* state, int col0) {
-  constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
-  const int row = threadIdx.x / kPairs, col = 2 * (threadIdx.x % kPairs);
+// A [128, 32] column slice of a [128][128] fp32 workspace state on its way into a running slice
+// buffer: fetch_slice issues the plain loads (a null state: nothing), put_slice splits the values
+// into the buffer and makes the writes visible to wgmma (the caller's barrier orders them before
+// the step that reads them), so that other work can run while the loads are in flight.
+struct FetchedSlice {
+  static constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
   float2 x[kHeadDim / kRowStep];
+  bool present;
+};
+__device__ __forceinline__ FetchedSlice fetch_slice(const float* state, int col0) {
+  FetchedSlice f;
+  f.present = state != nullptr;
+  const int row = threadIdx.x / FetchedSlice::kPairs, col = 2 * (threadIdx.x % FetchedSlice::kPairs);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / kRowStep; ++i)
-    x[i] = *reinterpret_cast<const float2*>(state + (row + i * kRowStep) * kHeadDim + col0 + col);
+  for (int i = 0; i < kHeadDim / FetchedSlice::kRowStep; ++i)
+    f.x[i] = f.present ? *reinterpret_cast<const float2*>(state + (row + i * FetchedSlice::kRowStep) * kHeadDim + col0 + col)
+                       : make_float2(0.f, 0.f);
+  return f;
+}
+__device__ __forceinline__ void put_slice(SliceBuffer& slice, const FetchedSlice& f) {
+  if (!f.present) return;
+  const int row = threadIdx.x / FetchedSlice::kPairs, col = 2 * (threadIdx.x % FetchedSlice::kPairs);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / kRowStep; ++i) {
-    slice.store(row + i * kRowStep, col, x[i].x);
-    slice.store(row + i * kRowStep, col + 1, x[i].y);
+  for (int i = 0; i < kHeadDim / FetchedSlice::kRowStep; ++i) {
+    slice.store(row + i * FetchedSlice::kRowStep, col, f.x[i].x);
+    slice.store(row + i * FetchedSlice::kRowStep, col + 1, f.x[i].y);
   }
   wg::fence_shared_to_async();
 }
@@ -405,24 +426,33 @@ __device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, i
 // k-half 1 issued; wg::wait<1> (k-half 0's registers free); the next step's inputs waited for, its
 // base and k-half 0 split; wg::wait<0>; the result stored. The steps from j on: after(j) the next M
 // step, valid(j) whether there is one, load(j, buf) issues step j's inputs into buffer buf,
-// start_slice(j, slice) writes step j's start into the running slice when the previous M step is
-// not its neighbour (consecutive(j, after(j))), out(j) where step j's result goes; mark(j, event) the
-// timeline's step events (0 top, 2 barrier passed, 4 k-half 0 issued, 7 buffer released, 1 next
-// inputs waited, 6 next operands split, 5 wgmmas waited, 3 stored). t: the parity of the next step
+// start_of(j) the [128][128] fp32 block holding step j's start when the previous M step is not its
+// neighbour (consecutive(j, after(j)); null: already in the running slice), out(j) where step j's
+// result goes; mark(j, event) the timeline's step events (0 top, 2 barrier passed, 4 k-half 0
+// issued, 7 buffer released, 1 next inputs waited, 6 next operands split, 5 wgmmas waited, 3
+// stored). prologue(): the block's other work (the copies), run while the first two steps' TMA
+// inputs and the first start's loads are in flight (so no start may be read from a block the
+// prologue writes: start_of names the copy's source instead). t: the parity of the next step
 // (buffers and slices alternate). A barrier before any shared-memory use (the copies' writes and
 // earlier steps' reads are done); every load issued is waited for. Every step has a base block
 // (load's zero-filled base, plain stores, would need a barrier before the prologue reads it).
-template <bool kTransposed, typename After, typename Valid, typename Consecutive, typename Load, typename Start,
-          typename Out, typename Mark>
+template <bool kTransposed, typename After, typename Valid, typename Consecutive, typename Load, typename StartOf,
+          typename Out, typename Mark, typename Prologue>
 __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, StepLoads& loads, int& t, int j,
                                                    int col0, After&& after, Valid&& valid, Consecutive&& consecutive,
-                                                   Load&& load, Start&& start_slice, Out&& out, Mark&& mark) {
-  if (!valid(j)) return;
+                                                   Load&& load, StartOf&& start_of, Out&& out, Mark&& mark,
+                                                   Prologue&& prologue) {
+  if (!valid(j)) {
+    prologue();
+    return;
+  }
   __syncthreads();
   int j1 = static_cast<int>(after(j));  // step indices are segment indices of one sequence: < 2^31
   load(j, t);
   if (valid(j1)) load(j1, t ^ 1);
-  start_slice(j, smem.s[t ^ 1]);
+  const FetchedSlice first_start = fetch_slice(start_of(j), col0);
+  prologue();
+  put_slice(smem.s[t ^ 1], first_start);
   float base[16];
   HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
   loads.wait(smem, t);
@@ -461,7 +491,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     if (!valid(j1)) return;
     // Not chained: the next step's start into the slot this step left unwritten (last read by the
     // previous step's wgmmas, done before this step's first barrier).
-    if (!chained) start_slice(j1, smem.s[t ^ 1]);
+    if (!chained) put_slice(smem.s[t ^ 1], fetch_slice(start_of(j1), col0));
     j = j1;
     j1 = j2;
   }
@@ -478,11 +508,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   StepLoads loads;
   loads.init(smem, maps);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
+  // h0's slice is read before the segment offsets resolve (it does not depend on them).
+  const StateSlice h0 = fetch_state_slice(sequence_initial_state(p, blockIdx.x, blockIdx.y),
+                                          kSliceCols * static_cast<int>(blockIdx.z));
   const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
-  if (first_start.base != nullptr) copy_state_slice(sequence_initial_state(p, n, h), first_start, col0);
+  if (first_start.base != nullptr) store_state_slice(h0, first_start, col0);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 1);
   // Step j (1 <= j < count) writes the start of segment first + j from segment prev = first + j - 1:
   // S*_prev and, without a window (and past the first segment, whose S* already starts from h0,
@@ -502,24 +535,26 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
-    // The steps without M: S_{j+1} = S*_j, all at once.
-    if (copies)
-      copy_slices(
-          smem.apply_m, begin, end,
-          [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); }, start_of, col0);
-    // The steps with M, serial (correction_m_steps): the running slice stays in shared memory where
-    // they are consecutive; an M step after a step without M (or after S_0, or first in its block)
-    // takes its start from segment_starts instead.
+    auto copy_source = [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); };
+    // The steps with M, serial (correction_m_steps), and the prologue, while their first inputs
+    // load: the steps without M, S_{j+1} = S*_j, all at once. The running slice stays in shared
+    // memory where M steps are consecutive; an M step after a copy (or after S_0, or first in its
+    // block) takes its start S_{j-1} from global memory: the copy's source S*_{j-2} where step
+    // j - 1 is one of this block's copies (the prologue writes S_{j-1} concurrently), else
+    // segment_starts.
     auto next_m_step = [&](int64_t j) {
       while (j < end && !m_step(j)) ++j;
       return j;
     };
-    timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
     correction_m_steps<false>(
         smem, loads, t, next_m_step(begin), col0, [&](int64_t j) { return next_m_step(j + 1); },
         [&](int64_t j) { return j < end; }, [](int64_t j, int64_t next) { return next == j + 1; }, load_step,
-        [&](int64_t j, SliceBuffer& slice) { load_slice(slice, start_of(j - 1), col0); }, start_of,
-        [&](int64_t j, int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); });
+        [&](int64_t j) -> const float* { return j - 1 >= begin && !m_step(j - 1) ? copy_source(j - 1) : start_of(j - 1); },
+        start_of, [&](int64_t j, int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); },
+        [&] {
+          if (copies) copy_slices(smem.apply_m, begin, end, copy_source, start_of, col0);
+          timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
+        });
   }
 }
 
@@ -569,7 +604,8 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 
 // (backward) dS_J = dht, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 1, written as the
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
-// forward: the copies (window) all at once, then the M steps, prefetched where consecutive.
+// forward: the copies (window) all at once while the first M steps' inputs load, then the M steps,
+// prefetched where consecutive.
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp,
                                                                                       const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
@@ -612,15 +648,12 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
-    // The steps without M: dS_j = dS*_j, all at once.
-    if (copies)
-      copy_slices(
-          smem.apply_m, begin, end,
-          [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); },
-          [&](int64_t j) { return grad_end_of(j - 1); }, col0);
-    // The steps with M, serial (as in cp_correction, in reverse): an M step after a step without M
-    // (or last in its block) takes its start from segment_grad_ends; the last step's start is dht,
-    // in s[1] (t = 0 there: no step before it).
+    auto copy_source = [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); };
+    // The steps with M, serial (as in cp_correction, in reverse), and the prologue, while their first
+    // inputs load: the steps without M, dS_j = dS*_j, all at once. An M step j after a copy (or last
+    // in its block) takes its start, the gradient leaving segment first + j, from global memory: the
+    // copy's source dS*_{j+1} where step j + 1 is one of this block's copies, else segment_grad_ends;
+    // the last step's start is dht, in s[1] (t = 0 there: no step before it).
     auto previous_m_step = [&](int64_t j) {
       while (j >= begin && !m_step(j)) --j;
       return j;
@@ -628,10 +661,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
     correction_m_steps<true>(
         smem, loads, t, previous_m_step(end - 1), col0, [&](int64_t j) { return previous_m_step(j - 1); },
         [&](int64_t j) { return j >= begin; }, [](int64_t j, int64_t next) { return next == j - 1; }, load_step,
-        [&](int64_t j, SliceBuffer& slice) {
-          if (j != count - 1) load_slice(slice, grad_end_of(j), col0);  // else dht, already in s[1]
+        [&](int64_t j) -> const float* {
+          if (j == count - 1) return nullptr;  // dht, already in s[1]
+          return j + 1 < end && !m_step(j + 1) ? copy_source(j + 1) : grad_end_of(j);
         },
-        [&](int64_t j) { return grad_end_of(j - 1); }, [](int64_t, int) {});
+        [&](int64_t j) { return grad_end_of(j - 1); }, [](int64_t, int) {},
+        [&] {
+          if (copies) copy_slices(smem.apply_m, begin, end, copy_source, [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+        });
   }
 }
 
