@@ -101,6 +101,13 @@ CpPlan no_cp_plan(const CpProblem& problem, const CpOptions& options = {});
 // the model says of it.
 CpPlan split_plan(const CpProblem& problem, int64_t segment_chunks, const CpOptions& options = {});
 
+// State columns per CTA of the serial corrections (cp_correction, cp_grad_correction): 16 (8 CTAs a
+// (sequence, v-head) state, half the shared-memory traffic a step of the 32-column slice) when all
+// of them fit one wave of `num_sms` SMs, else 32 (4 CTAs a state).
+inline constexpr int32_t correction_slice_cols(int64_t num_sequences, int32_t num_v_heads, int32_t num_sms) {
+  return num_sequences * num_v_heads * 8 <= num_sms ? 16 : 32;
+}
+
 // Modelled time of running the forward (or, with backward coefficients, the backward) with this
 // plan: the CP pipeline when some sequence is cut, the fused kernel alone otherwise.
 double predict_time_us(const CpPlan& plan, const CostModel& model);

@@ -1,6 +1,10 @@
 #include "runtime/common.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "plan/cp_plan.h"
 
 namespace flashgdn::detail {
 
@@ -30,6 +34,14 @@ int32_t num_sms() {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   return sms;
+}
+
+int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads) {
+  if (const char* forced = std::getenv("FLASHGDN_CP_SLICE_COLS")) {
+    if (std::strcmp(forced, "16") == 0) return 16;
+    if (std::strcmp(forced, "32") == 0) return 32;
+  }
+  return plan::correction_slice_cols(num_sequences, num_v_heads, num_sms());
 }
 
 Status check_device() {

@@ -30,6 +30,10 @@ Status check_device();
 // The current device's SM count (132, the H200's, when it cannot be queried).
 int32_t num_sms();
 
+// The corrections' slice width (plan::correction_slice_cols on this device), unless the environment
+// variable FLASHGDN_CP_SLICE_COLS is 16 or 32 (read at every call: the tests and A/B runs force it).
+int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads);
+
 // kWorkspaceTooSmall / kInvalidArgument for a workspace that cannot hold `needed` bytes.
 Status check_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 

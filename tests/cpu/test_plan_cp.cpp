@@ -116,6 +116,17 @@ TEST(PlanMakespan, TheWaveScheduleWithinGrahamsBound) {
   }
 }
 
+TEST(PlanCp, CorrectionSliceColumnsNarrowOnlyWithinOneWave) {
+  // 16 columns (8 CTAs a state) while sequences x v-heads x 8 fit the SMs, else 32 (4 a state).
+  EXPECT_EQ(correction_slice_cols(1, 8, 132), 16);    // (2,8) one sequence: 64 CTAs
+  EXPECT_EQ(correction_slice_cols(1, 16, 132), 16);   // 128 CTAs
+  EXPECT_EQ(correction_slice_cols(2, 8, 132), 16);    // 128
+  EXPECT_EQ(correction_slice_cols(1, 32, 132), 32);   // 256 would be two waves: 128 at 32 columns
+  EXPECT_EQ(correction_slice_cols(3, 8, 132), 32);    // 192
+  EXPECT_EQ(correction_slice_cols(1, 17, 136), 16);   // exactly one wave
+  EXPECT_EQ(correction_slice_cols(1, 17, 135), 32);
+}
+
 TEST(PlanCp, OffWhenSequencesTimesHeadsFillTheSms) {
   struct Case {
     int64_t sequences, length;

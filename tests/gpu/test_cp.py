@@ -431,3 +431,30 @@ def test_backward_batch_gva_and_autograd(seed):
     o, final = flashgdn.chunk_gated_delta_rule(**leaves, output_final_state=True, auto_cp=True, cp_segment_chunks=5)
     ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
     check_grads(x, {g: leaves[n].grad for g, n in zip(GRADS, ("q", "k", "v", "g", "beta", "initial_state"))}, do, dht)
+
+
+@pytest.mark.parametrize("cols", ["16", "32"])
+def test_correction_slice_widths(seed, cols, monkeypatch):
+    """Both slice widths of the corrections (FLASHGDN_CP_SLICE_COLS forces 16 or 32 state columns a CTA;
+    without it 16 where the chains fit one wave, as in the other tests here): forward and backward over
+    17 segments with mixed gates (g == 0 heads take every M step, others copies) from an initial state
+    and dht, against the oracle and no CP; then varlen with empty sequences (dh0 = dht)."""
+    monkeypatch.setenv("FLASHGDN_CP_SLICE_COLS", cols)
+    x = make_inputs(1, 4133, 2, 4, regime="mixed", initial_state=True)
+    o, final = run(x, ON, segment_chunks=4)
+    check(x, o, final)
+    o_ref, final_ref = run(x, OFF)
+    assert rel_l2(o, o_ref) <= 1e-2 and rel_l2(final, final_ref) <= 1e-2
+    do, dht = upstream(x, True)
+    grads = run_backward(x, do, dht, ON, segment_chunks=4)
+    check_grads(x, grads, do, dht)
+    assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
+    lengths = [0, 700, 1, 1300, 0]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths), 2, 4, regime="mixed", N=len(lengths), initial_state=True)
+    o, final = run(x, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    check(x, o, final, cu_seqlens=cu)
+    do, dht = upstream(x, True, cu_seqlens=cu)
+    grads = run_backward(x, do, dht, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    check_grads(x, grads, do, dht, cu_seqlens=cu)
+    assert torch.equal(grads["dh0"][0], dht[0]) and torch.equal(grads["dh0"][4], dht[4])

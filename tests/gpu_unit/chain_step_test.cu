@@ -2,7 +2,8 @@
 // places M (four [128][32] fp32 panels in the TMA's 128-byte swizzle), the base slice and the running
 // slice S (SliceBuffer, S^T bf16 hi/lo panels) in shared memory, forms next = base + A S with A = M or
 // M^T (k-half 0 and 1 as two RS wgmma commit groups, A split in registers) and stores it to columns
-// 32..63 of a [128][128] fp32 state (the rest must stay untouched) and into a second SliceBuffer.
+// col0 .. col0 + kCols - 1 of a [128][128] fp32 state (the rest must stay untouched) and into a
+// second SliceBuffer; both slice widths (kCols 32 at col0 32, 16 at col0 48).
 // Checked against a float64 product on random inputs: every element within the bf16x3 bound
 // (4e-5 of sum |A| |S| plus 1e-6 of the value), the stored slice within 2^-16 of the fp32 result.
 // Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
@@ -24,21 +25,23 @@ namespace tma = flashgdn::kern::tma;
 namespace wg = flashgdn::kern::wg;
 using flashgdn::kern::kHeadDim;
 
-constexpr int kCols = chain::kSliceCols, kCol0 = 32;
+template <int kCols>
+constexpr int kCol0 = kCols == 32 ? 32 : 48;
 
+template <int kCols>
 struct StepSmem {
   alignas(1024) unsigned char m[4][chain::kPanelBytes];
   alignas(1024) unsigned char base[chain::kPanelBytes];
-  chain::SliceBuffer s_in, s_out;
+  chain::SliceBuffer<kCols> s_in, s_out;
 };
 
-// m: [128][128] row-major; s, base: [128][32]; out: [128][128] (columns kCol0.. written);
-// slice_back: [128][32], the stored running slice read back as hi + lo.
-template <bool kTransposed>
+// m: [128][128] row-major; s, base: [128][kCols]; out: [128][128] (columns kCol0.. written);
+// slice_back: [128][kCols], the stored running slice read back as hi + lo.
+template <int kCols, bool kTransposed>
 __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float* m, const float* s, const float* base,
                                                                      float* out, float* slice_back) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  StepSmem& smem = *reinterpret_cast<StepSmem*>(smem_raw);
+  StepSmem<kCols>& smem = *reinterpret_cast<StepSmem<kCols>*>(smem_raw);
   for (int e = threadIdx.x; e < kHeadDim * kHeadDim; e += blockDim.x) {
     const int row = e / kHeadDim, col = e % kHeadDim;
     *reinterpret_cast<float*>(smem.m[col / chain::kPanelCols] + tma::fp32_panel_offset(row, col % chain::kPanelCols)) = m[e];
@@ -50,8 +53,8 @@ __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float*
   }
   wg::fence_shared_to_async();
   __syncthreads();
-  float acc[16];
-  chain::load_step_base(smem.base, acc);
+  float acc[kCols / 2];
+  chain::load_step_base<kCols>(smem.base, acc);
   chain::HalfA a0, a1;
   chain::load_step_a<kTransposed>(smem.m, 0, a0);
   chain::load_step_a<kTransposed>(smem.m, 1, a1);
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float*
   chain::issue_step_half(acc, a1, 1, smem.s_in);
   wg::wait<0>();
   wg::fence_operand(acc);
-  chain::store_step(acc, &smem.s_out, out, kCol0);
+  chain::store_step(acc, &smem.s_out, out, kCol0<kCols>);
   __syncthreads();
   for (int e = threadIdx.x; e < kHeadDim * kCols; e += blockDim.x) slice_back[e] = smem.s_out.value(e / kCols, e % kCols);
 }
@@ -72,8 +75,9 @@ __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float*
     }                                                                           \
   } while (0)
 
-template <bool kTransposed>
+template <int kCols, bool kTransposed>
 bool run(std::mt19937& rng) {
+  constexpr int col0 = kCol0<kCols>;
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> m(kHeadDim * kHeadDim), s(kHeadDim * kCols), base(kHeadDim * kCols);
   for (float& x : m) x = normal(rng) / std::sqrt(float{kHeadDim});
@@ -90,9 +94,10 @@ bool run(std::mt19937& rng) {
   CHECK_CUDA(cudaMemcpy(d_base, base.data(), base.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(d_out, 0xff, kHeadDim * kHeadDim * 4));  // NaN poison
   CHECK_CUDA(cudaMemset(d_slice, 0xff, s.size() * 4));
-  constexpr int smem = sizeof(StepSmem);
-  CHECK_CUDA(cudaFuncSetAttribute(step_kernel<kTransposed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  step_kernel<kTransposed><<<1, chain::kChainThreads, smem>>>(d_m, d_s, d_base, d_out, d_slice);
+  constexpr int smem = sizeof(StepSmem<kCols>);
+  CHECK_CUDA(
+      cudaFuncSetAttribute(step_kernel<kCols, kTransposed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  step_kernel<kCols, kTransposed><<<1, chain::kChainThreads, smem>>>(d_m, d_s, d_base, d_out, d_slice);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<float> out(kHeadDim * kHeadDim), slice(s.size());
@@ -105,11 +110,11 @@ bool run(std::mt19937& rng) {
   for (int i = 0; i < kHeadDim; ++i)
     for (int c = 0; c < kHeadDim; ++c) {
       const float got = out[i * kHeadDim + c];
-      if (c < kCol0 || c >= kCol0 + kCols) {  // outside the slice: untouched
+      if (c < col0 || c >= col0 + kCols) {  // outside the slice: untouched
         bad += !std::isnan(got);
         continue;
       }
-      const int n = c - kCol0;
+      const int n = c - col0;
       double ref = base[i * kCols + n], magnitude = 0.0;
       for (int k = 0; k < kHeadDim; ++k) {
         const double a = kTransposed ? m[k * kHeadDim + i] : m[i * kHeadDim + k];
@@ -128,7 +133,8 @@ bool run(std::mt19937& rng) {
         ++bad;
       }
     }
-  std::printf("%s: %d mismatches, worst error / bound %.3f\n", kTransposed ? "A = M^T" : "A = M", bad, worst);
+  std::printf("%d columns, %s: %d mismatches, worst error / bound %.3f\n", kCols, kTransposed ? "A = M^T" : "A = M",
+              bad, worst);
   return bad == 0;
 }
 
@@ -139,8 +145,10 @@ int main() {
   std::mt19937 rng(20261130);
   bool ok = true;
   for (int trial = 0; trial < 3; ++trial) {
-    ok = run<false>(rng) && ok;
-    ok = run<true>(rng) && ok;
+    ok = run<32, false>(rng) && ok;
+    ok = run<32, true>(rng) && ok;
+    ok = run<16, false>(rng) && ok;
+    ok = run<16, true>(rng) && ok;
   }
   std::printf(ok ? "chain_step: PASS\n" : "chain_step: FAIL\n");
   return ok ? 0 : 1;

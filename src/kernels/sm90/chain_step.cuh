@@ -1,10 +1,11 @@
-// One step of the CP chains (cp_kernels.cu), next = base + A S on a [128, 32] column slice of a
-// [128][128] state, with A = M or M^T (fp32, [128][128]) and S the running slice: the operand layouts
-// and the warpgroup product. A CTA of kChainThreads = 256 threads (2 warpgroups); tested on the GPU by
-// tests/gpu_unit/chain_step_test.cu against a float64 product.
+// One step of the CP chains (cp_kernels.cu), next = base + A S on a [128, kCols] column slice of a
+// [128][128] state (kCols 32 or 16: 4 or 8 CTAs a state), with A = M or M^T (fp32, [128][128]) and S
+// the running slice: the operand layouts and the warpgroup product. A CTA of kChainThreads = 256
+// threads (2 warpgroups); tested on the GPU by tests/gpu_unit/chain_step_test.cu against a float64
+// product.
 //   M: four [128 rows][32] fp32 column panels as TMA boxes with 128-byte swizzle land
-//      (tma::fp32_panel_offset); the base slice one such panel.
-//   S: SliceBuffer, S^T [32 n][128 k] bf16 hi and lo K-major panels (the wgmma B operand).
+//      (tma::fp32_panel_offset); the base slice one such panel (its first kCols columns).
+//   S: SliceBuffer, S^T [kCols n][128 k] bf16 hi and lo K-major panels (the wgmma B operand).
 //   A: split into registers per k-half (HalfA, load_step_a), two commit groups (issue_step_half).
 //   result: store_step -> the next running slice (stmatrix .trans) and a [128][128] fp32 state.
 #pragma once
@@ -20,28 +21,28 @@
 
 namespace flashgdn::kern::chain {
 
-constexpr int kSliceCols = 32;             // state columns per chain CTA
 constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizzled panel (a TMA box)
 constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
-constexpr int kSlicePanelBytes = kSliceCols * 64 * 2;   // [32 rows][64] bf16: 4 KiB
 constexpr int kChainThreads = 256;         // 2 warpgroups, group g owns slice rows 64 g .. 64 g + 63
-static_assert(kSliceCols == kPanelCols, "a base slice is one panel");
 
-// The running slice S [128 k, 32 n] as the steps' wgmma B operand: S^T [32 n][128 k] K-major, bf16 hi
-// and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled panels of 64 k
-// (wgmma.cuh's tile layout, 32 rows a panel).
+// The running slice S [128 k, kCols n] as the steps' wgmma B operand: S^T [kCols n][128 k] K-major,
+// bf16 hi and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled panels of
+// 64 k (wgmma.cuh's tile layout, kCols rows a panel).
+template <int kCols>
 struct SliceBuffer {
-  alignas(1024) unsigned char hi[2 * kSlicePanelBytes];
-  alignas(1024) unsigned char lo[2 * kSlicePanelBytes];
+  static_assert(kCols == 16 || kCols == 32, "m64n16k16 or m64n32k16 steps; a base slice within one panel");
+  static constexpr int kPanelBytes = kCols * 64 * 2;  // [kCols rows][64] bf16: 2 or 4 KiB
+  alignas(1024) unsigned char hi[2 * kPanelBytes];
+  alignas(1024) unsigned char lo[2 * kPanelBytes];
 
   __device__ __forceinline__ void store(int k, int n, float x) {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    const uint32_t at = wg::tile_offset(n, k, kCols);
     const __nv_bfloat16 h = __float2bfloat16_rn(x);
     *reinterpret_cast<__nv_bfloat16*>(hi + at) = h;
     *reinterpret_cast<__nv_bfloat16*>(lo + at) = __float2bfloat16_rn(x - __bfloat162float(h));
   }
   __device__ __forceinline__ float value(int k, int n) const {
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    const uint32_t at = wg::tile_offset(n, k, kCols);
     return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(hi + at)) +
            __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(lo + at));
   }
@@ -54,7 +55,8 @@ __device__ __forceinline__ const float* panel_element(const unsigned char* panel
 
 // The product of a step, on tensor cores in bf16x3 (hi.hi + hi.lo + lo.hi: ~2^-16 relative per
 // product), warpgroup g forming rows 64 g .. 64 g + 63 of
-//   next[64,32] = base + A[64 g : 64 g + 64, 0:128] @ S[128,32]   (8 k-steps x 3 RS wgmma m64n32k16)
+//   next[64,kCols] = base + A[64 g : 64 g + 64, 0:128] @ S[128,kCols]   (8 k-steps x 3 RS wgmma
+//   m64nk16, n = kCols)
 // with A = M or, transposed, M^T, and S the running slice (B, from shared memory), in two commit
 // groups of 4 k-steps (k-half 0, 1), so that half 0's registers are free again (wg::wait<1>) while
 // half 1 runs. Thread layout: warp w of the group holds A's rows 16 w .. 16 w + 15 as mma.sync m16k16
@@ -68,11 +70,12 @@ __device__ __forceinline__ int step_row0() {  // the thread's first accumulator 
   return 64 * (threadIdx.x / 128) + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;
 }
 
-// The base slice (a [128][32] fp32 panel) at the accumulator's positions.
-__device__ __forceinline__ void load_step_base(const unsigned char* base_panel, float (&base)[16]) {
+// The base slice (the first kCols columns of a [128][32] fp32 panel) at the accumulator's positions.
+template <int kCols>
+__device__ __forceinline__ void load_step_base(const unsigned char* base_panel, float (&base)[kCols / 2]) {
   const int row0 = step_row0(), c = 2 * (threadIdx.x % 4);
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float2 b = *reinterpret_cast<const float2*>(panel_element(base_panel, row0 + 8 * half, 8 * j + c));
@@ -101,18 +104,20 @@ __device__ __forceinline__ void load_step_a(const unsigned char (*m_panels)[kPan
 }
 
 // acc (+)= A[:, k-half] @ S[k-half, :]: 12 wgmmas issued and committed as one group, not waited for.
-__device__ __forceinline__ void issue_step_half(float (&acc)[16], const HalfA& a, int half, const SliceBuffer& s_in) {
+template <int kCols>
+__device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const HalfA& a, int half,
+                                                const SliceBuffer<kCols>& s_in) {
   using wg::Major;
   wg::fence_operand(acc);
   wg::fence();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int k0 = 16 * (4 * half + i);
-    const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kSliceCols);
-    const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kSliceCols);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.lo[i], b_hi, true);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.hi[i], b_lo, true);
-    wg::mma_rs<__nv_bfloat16, kSliceCols, Major::kK>(acc, a.hi[i], b_hi, true);
+    const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kCols);
+    const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kCols);
+    wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.lo[i], b_hi, true);
+    wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.hi[i], b_lo, true);
+    wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.hi[i], b_hi, true);
   }
   wg::commit();
 }
@@ -122,10 +127,12 @@ __device__ __forceinline__ void issue_step_half(float (&acc)[16], const HalfA& a
 // h = q % 2, lane L addressing row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k = 64 g + 16 w
 // + 8 h) and to `out` (a [128][128] fp32 workspace state; null: nowhere); the slice writes made
 // visible to wgmma.
-__device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer* s_out, float* out, int col0) {
+template <int kCols>
+__device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceBuffer<kCols>* s_out, float* out,
+                                           int col0) {
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int x4 = 0; x4 < 2 && s_out != nullptr; ++x4) {
+  for (int x4 = 0; x4 < kCols / 16 && s_out != nullptr; ++x4) {
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -133,14 +140,14 @@ __device__ __forceinline__ void store_step(const float (&acc)[16], SliceBuffer* 
       split_pair(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], hi[q], lo[q]);
     }
     const int q = lane / 8, n = 8 * (2 * x4 + q / 2) + lane % 8, k = 64 * group + 16 * warp + 8 * (q % 2);
-    const uint32_t at = wg::tile_offset(n, k, kSliceCols);
+    const uint32_t at = wg::tile_offset(n, k, kCols);
     stmatrix_x4_trans(s_out->hi + at, hi);
     stmatrix_x4_trans(s_out->lo + at, lo);
   }
   if (out != nullptr) {
     const int row0 = step_row0(), c = 2 * (lane % 4);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         *reinterpret_cast<float2*>(&out[(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =

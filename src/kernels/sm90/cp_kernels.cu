@@ -15,13 +15,15 @@
 //                      not, get a valid bound.
 //   fused_forward      state pass: S*_j of every segment but the last from zero over its window
 //                      (from h0 over the whole first segment when it has no window), and M_j
-//   cp_correction      grid (N, Hv, 4 column slices of 32), 256 threads, over the boundaries of one
+//   cp_correction      grid (N, Hv, 128 / kCols column slices: kCols 16 where N x Hv x 8 CTAs fit one
+//                      wave, else 32, plan::correction_slice_cols), 256 threads, over the boundaries of one
 //                      sequence: S_0 = h0 (or zero; an empty sequence's final state), S_1 = S*_0
 //                      and, for j >= 1,
 //                        S_{j+1} = S*_j + M_j S_j   (no window)      S_{j+1} = S*_j   (window)
 //                      -> segment_starts. The copies (window) depend on nothing: all at once,
-//                      while the first M steps' inputs load. The M steps run serially: [128,32] = [128,128] @ [128,32] on tensor
-//                      cores, 2 warpgroups x 8 k-steps x 3 RS wgmma m64n32k16 in bf16x3
+//                      while the first M steps' inputs load. The M steps run serially:
+//                      [128,kCols] = [128,128] @ [128,kCols] on tensor cores, 2 warpgroups x 8
+//                      k-steps x 3 RS wgmma m64nk16 (n = kCols) in bf16x3
 //                      (fp32-grade products), A = M split from its fp32 panels into registers,
 //                      B = the running slice, kept as S^T bf16 hi/lo panels (ping-pong between two
 //                      buffers). Pipelined (correction_m_steps): M and S* arrive by TMA boxes into
@@ -174,22 +176,28 @@ __global__ void __launch_bounds__(kWindowThreads) cp_windows_from_chunks_kernel(
 
 using namespace chain;  // the step (chain_step.cuh)
 constexpr int kCorrectionThreads = kChainThreads;
+// State columns per chain CTA: the corrections take 16 (8 CTAs a state, half the B operand's
+// shared-memory reads a step) where that still fits one wave, else 32; the shard maps and rank
+// scans take 32.
+constexpr int kSliceCols = 32;
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
 // Two buffers: step j's M and base slice (S* or dS*) in one while step j + 1's arrive in the other,
-// each as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element).
+// each as [128 rows][32] fp32 panels in the TMA's 128-byte swizzle (panel_element); kCols: the
+// running slice's width.
+template <int kCols>
 struct CorrectionStorage {
   alignas(1024) unsigned char m[2][kHeadDim / kPanelCols][kPanelBytes];  // M's column panels
   alignas(1024) unsigned char base[2][kPanelBytes];                      // the base slice
   // The running slice, ping-pong: step t reads s[t ^ 1] and writes s[t].
-  SliceBuffer s[2];
+  SliceBuffer<kCols> s[2];
   // cp_correction, cp_grad_correction: whether each step of a block of kFlagSteps applies M (read
   // from the window tables once, all loads in flight, instead of one dependent load per test).
   alignas(16) uint8_t apply_m[kFlagSteps];  // 0 past the block's last step
   alignas(8) uint64_t loaded[2];  // buffer b's step inputs landed (StepLoads)
 };
-static_assert(sizeof(CorrectionStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+static_assert(sizeof(CorrectionStorage<32>) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
 // The step inputs' sources: a 2-D map over a workspace of [128][128] fp32 blocks (rows = blocks x 128,
 // 128 columns), boxes of one panel ([128 rows][32 columns], 128-byte swizzle). Block -1: none.
@@ -201,12 +209,13 @@ struct StepBlocks {
 };
 
 // A correction step's inputs into buffer `buf`: the base slice (columns col0 .. col0 + 31 of its
-// block; zeros without one) and M (4 panels) when the step applies it, by TMA boxes on mbarrier
+// block, zero past column 127; zeros without one) and M (4 panels) when the step applies it, by TMA boxes on mbarrier
 // loaded[buf] (thread 0). (16-byte cp.async from every thread kept ~8 KiB in flight per SM, ~3 us for a
 // step's 80 KiB; 256 row-sized bulk copies were slower still.) Called by every thread (zeros are
 // plain stores, ordered by the caller's barrier); each call is waited for once by StepLoads::wait.
-__device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, const StepMaps& maps, int buf,
-                                                     StepBlocks blocks, int col0) {
+template <typename Storage>
+__device__ __forceinline__ void load_correction_step(Storage& smem, const StepMaps& maps, int buf, StepBlocks blocks,
+                                                     int col0) {
   if (threadIdx.x == 0) {
     uint64_t* barrier = &smem.loaded[buf];
     tma::arrive_expect_bytes(barrier, (blocks.base >= 0 ? kPanelBytes : 0) + (blocks.m >= 0 ? kHeadDim * kHeadDim * 4 : 0));
@@ -228,7 +237,8 @@ __device__ __forceinline__ void load_correction_step(CorrectionStorage& smem, co
 // load_correction_step has landed (each load waited for exactly once, in issue order per buffer).
 struct StepLoads {
   uint32_t phases = 0;  // bit b: the parity of buffer b's next load
-  __device__ __forceinline__ void init(CorrectionStorage& smem, const StepMaps& maps) {
+  template <typename Storage>
+  __device__ __forceinline__ void init(Storage& smem, const StepMaps& maps) {
     if (threadIdx.x == 0) {
       tma::barrier_init(&smem.loaded[0], 1);
       tma::barrier_init(&smem.loaded[1], 1);
@@ -238,7 +248,8 @@ struct StepLoads {
     }
     __syncthreads();
   }
-  __device__ __forceinline__ void wait(CorrectionStorage& smem, int buf) {
+  template <typename Storage>
+  __device__ __forceinline__ void wait(Storage& smem, int buf) {
     tma::wait(&smem.loaded[buf], (phases >> buf) & 1u);
     phases ^= 1u << buf;
   }
@@ -250,10 +261,11 @@ struct StepLoads {
 // t's reads of s[t ^ 1] and of buffer t before step t + 1 writes s[t ^ 1] and step t + 2's loads
 // refill buffer t. (The corrections pipeline these phases instead: operands of the next step while
 // this one's wgmmas run.)
-template <bool kTransposed>
-__device__ __forceinline__ void correction_step(CorrectionStorage& smem, int t, bool apply_m, float* out, int col0) {
-  float acc[16];
-  load_step_base(smem.base[t], acc);
+template <bool kTransposed, int kCols>
+__device__ __forceinline__ void correction_step(CorrectionStorage<kCols>& smem, int t, bool apply_m, float* out,
+                                                int col0) {
+  float acc[kCols / 2];
+  load_step_base<kCols>(smem.base[t], acc);
   if (apply_m) {
     HalfA a[2];
     load_step_a<kTransposed>(smem.m[t], 0, a[0]);
@@ -278,11 +290,12 @@ struct CorrectionSlice {
   int64_t sequence, first, count;
   int head, col0;
 };
+template <int kCols>
 __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams& p, int slice) {
   CorrectionSlice at;
   at.sequence = blockIdx.x;
   at.head = blockIdx.y;
-  at.col0 = kSliceCols * slice;
+  at.col0 = kCols * slice;
   at.first = first_segment(p, at.sequence);
   at.count = min(p.cu_seqlens == nullptr ? segments_per_batch_entry(p) : p.segment_offsets[at.sequence + 1] - at.first,
                  p.max_segments - at.first);
@@ -294,10 +307,10 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
 // other, so all at once: four steps' float4s in flight per thread. Four steps' flags are read as one
 // word, and a group of four M steps is passed over at once (a flag test per step cost ~190 cycles
 // of a CTA whose steps all apply M).
-template <typename From, typename To>
+template <int kCols, typename From, typename To>
 __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begin, int64_t end, From&& from, To&& to,
                                             int col0) {
-  constexpr int kSteps = 4, kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  constexpr int kSteps = 4, kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
   constexpr uint32_t kAllApplyM = 0x01010101u;
   for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
     const uint32_t flags = *reinterpret_cast<const uint32_t*>(apply_m + (j0 - begin));  // 0 past end
@@ -328,36 +341,40 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
   }
 }
 
-// Columns col0 .. col0 + 31 of a state in registers (StateSlice): fetch_state_slice reads `from`
+// Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
 // (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
 // any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u), so
 // that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte stores,
-// 8 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's start).
+// kCols / 4 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's
+// start).
+template <int kCols>
 struct StateSlice {
-  static constexpr int kVecs = kHeadDim * kSliceCols / 4 / kCorrectionThreads;  // 4 float4 a thread
+  static constexpr int kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
   float4 x[kVecs];
   static __device__ __forceinline__ int2 at(int u, int col0) {
     const int e = threadIdx.x + kCorrectionThreads * u;
-    return make_int2(e / (kSliceCols / 4), col0 + 4 * (e % (kSliceCols / 4)));
+    return make_int2(e / (kCols / 4), col0 + 4 * (e % (kCols / 4)));
   }
 };
-__device__ __forceinline__ StateSlice fetch_state_slice(const StateBlock& from, int col0) {
-  StateSlice slice;
+template <int kCols>
+__device__ __forceinline__ StateSlice<kCols> fetch_state_slice(const StateBlock& from, int col0) {
+  StateSlice<kCols> slice;
 #pragma unroll
-  for (int u = 0; u < StateSlice::kVecs; ++u) {
-    const int2 rc = StateSlice::at(u, col0);
+  for (int u = 0; u < StateSlice<kCols>::kVecs; ++u) {
+    const int2 rc = StateSlice<kCols>::at(u, col0);
     slice.x[u] = from.base == nullptr ? make_float4(0.f, 0.f, 0.f, 0.f)
                                       : make_float4(from.load(rc.x, rc.y), from.load(rc.x, rc.y + 1),
                                                     from.load(rc.x, rc.y + 2), from.load(rc.x, rc.y + 3));
   }
   return slice;
 }
-__device__ __forceinline__ void store_state_slice(const StateSlice& slice, const StateBlock& to, int col0) {
+template <int kCols>
+__device__ __forceinline__ void store_state_slice(const StateSlice<kCols>& slice, const StateBlock& to, int col0) {
   const bool vectors = !to.bf16 && to.v_stride == 1 && to.k_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(to.base) % 16 == 0;
 #pragma unroll
-  for (int u = 0; u < StateSlice::kVecs; ++u) {
-    const int2 rc = StateSlice::at(u, col0);
+  for (int u = 0; u < StateSlice<kCols>::kVecs; ++u) {
+    const int2 rc = StateSlice<kCols>::at(u, col0);
     const float4 x = slice.x[u];
     if (vectors) {
       *reinterpret_cast<float4*>(static_cast<float*>(to.base) + rc.x * to.k_stride + rc.y) = x;
@@ -368,32 +385,37 @@ __device__ __forceinline__ void store_state_slice(const StateSlice& slice, const
   }
 }
 
-// A [128, 32] column slice of a [128][128] fp32 workspace state on its way into a running slice
+// A [128, kCols] column slice of a [128][128] fp32 workspace state on its way into a running slice
 // buffer: fetch_slice issues the plain loads (a null state: nothing), put_slice splits the values
 // into the buffer and makes the writes visible to wgmma (the caller's barrier orders them before
 // the step that reads them), so that other work can run while the loads are in flight.
+template <int kCols>
 struct FetchedSlice {
-  static constexpr int kPairs = kSliceCols / 2, kRowStep = kCorrectionThreads / kPairs;
+  static constexpr int kPairs = kCols / 2, kRowStep = kCorrectionThreads / kPairs;
   float2 x[kHeadDim / kRowStep];
   bool present;
+  static __device__ __forceinline__ int row() { return threadIdx.x / kPairs; }
+  static __device__ __forceinline__ int col() { return 2 * (threadIdx.x % kPairs); }
 };
-__device__ __forceinline__ FetchedSlice fetch_slice(const float* state, int col0) {
-  FetchedSlice f;
+template <int kCols>
+__device__ __forceinline__ FetchedSlice<kCols> fetch_slice(const float* state, int col0) {
+  using F = FetchedSlice<kCols>;
+  F f;
   f.present = state != nullptr;
-  const int row = threadIdx.x / FetchedSlice::kPairs, col = 2 * (threadIdx.x % FetchedSlice::kPairs);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / FetchedSlice::kRowStep; ++i)
-    f.x[i] = f.present ? *reinterpret_cast<const float2*>(state + (row + i * FetchedSlice::kRowStep) * kHeadDim + col0 + col)
+  for (int i = 0; i < kHeadDim / F::kRowStep; ++i)
+    f.x[i] = f.present ? *reinterpret_cast<const float2*>(state + (F::row() + i * F::kRowStep) * kHeadDim + col0 + F::col())
                        : make_float2(0.f, 0.f);
   return f;
 }
-__device__ __forceinline__ void put_slice(SliceBuffer& slice, const FetchedSlice& f) {
+template <int kCols>
+__device__ __forceinline__ void put_slice(SliceBuffer<kCols>& slice, const FetchedSlice<kCols>& f) {
+  using F = FetchedSlice<kCols>;
   if (!f.present) return;
-  const int row = threadIdx.x / FetchedSlice::kPairs, col = 2 * (threadIdx.x % FetchedSlice::kPairs);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / FetchedSlice::kRowStep; ++i) {
-    slice.store(row + i * FetchedSlice::kRowStep, col, f.x[i].x);
-    slice.store(row + i * FetchedSlice::kRowStep, col + 1, f.x[i].y);
+  for (int i = 0; i < kHeadDim / F::kRowStep; ++i) {
+    slice.store(F::row() + i * F::kRowStep, F::col(), f.x[i].x);
+    slice.store(F::row() + i * F::kRowStep, F::col() + 1, f.x[i].y);
   }
   wg::fence_shared_to_async();
 }
@@ -436,9 +458,9 @@ __device__ __forceinline__ bool load_step_flags(uint8_t* flags, int64_t begin, i
 // (buffers and slices alternate). A barrier before any shared-memory use (the copies' writes and
 // earlier steps' reads are done); every load issued is waited for. Every step has a base block
 // (load's zero-filled base, plain stores, would need a barrier before the prologue reads it).
-template <bool kTransposed, typename After, typename Valid, typename Consecutive, typename Load, typename StartOf,
-          typename Out, typename Mark, typename Prologue>
-__device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, StepLoads& loads, int& t, int j,
+template <bool kTransposed, int kCols, typename After, typename Valid, typename Consecutive, typename Load,
+          typename StartOf, typename Out, typename Mark, typename Prologue>
+__device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& smem, StepLoads& loads, int& t, int j,
                                                    int col0, After&& after, Valid&& valid, Consecutive&& consecutive,
                                                    Load&& load, StartOf&& start_of, Out&& out, Mark&& mark,
                                                    Prologue&& prologue) {
@@ -450,21 +472,21 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
   int j1 = static_cast<int>(after(j));  // step indices are segment indices of one sequence: < 2^31
   load(j, t);
   if (valid(j1)) load(j1, t ^ 1);
-  const FetchedSlice first_start = fetch_slice(start_of(j), col0);
+  const FetchedSlice<kCols> first_start = fetch_slice<kCols>(start_of(j), col0);
   prologue();
   put_slice(smem.s[t ^ 1], first_start);
-  float base[16];
+  float base[kCols / 2];
   HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
   loads.wait(smem, t);
-  load_step_base(smem.base[t], base);
+  load_step_base<kCols>(smem.base[t], base);
   load_step_a<kTransposed>(smem.m[t], 0, a0);
   for (;;) {
     mark(j, 0);
     __syncthreads();  // s[t ^ 1] written (previous step or start_slice)
     mark(j, 2);
-    float acc[16];
+    float acc[kCols / 2];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) acc[e] = base[e];
+    for (int e = 0; e < kCols / 2; ++e) acc[e] = base[e];
     issue_step_half(acc, a0, 0, smem.s[t ^ 1]);
     mark(j, 4);
     load_step_a<kTransposed>(smem.m[t], 1, a1);
@@ -477,7 +499,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     if (valid(j1)) {
       loads.wait(smem, t ^ 1);
       mark(j, 1);
-      load_step_base(smem.base[t ^ 1], base);
+      load_step_base<kCols>(smem.base[t ^ 1], base);
       load_step_a<kTransposed>(smem.m[t ^ 1], 0, a0);
       mark(j, 6);
     }
@@ -491,12 +513,13 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage& smem, Step
     if (!valid(j1)) return;
     // Not chained: the next step's start into the slot this step left unwritten (last read by the
     // previous step's wgmmas, done before this step's first barrier).
-    if (!chained) put_slice(smem.s[t ^ 1], fetch_slice(start_of(j1), col0));
+    if (!chained) put_slice(smem.s[t ^ 1], fetch_slice<kCols>(start_of(j1), col0));
     j = j1;
     j1 = j2;
   }
 }
 
+template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
                                                                                  const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
@@ -504,14 +527,14 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kCols>& smem = *reinterpret_cast<CorrectionStorage<kCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 0);
   // h0's slice is read before the segment offsets resolve (it does not depend on them).
-  const StateSlice h0 = fetch_state_slice(sequence_initial_state(p, blockIdx.x, blockIdx.y),
-                                          kSliceCols * static_cast<int>(blockIdx.z));
-  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
+  const StateSlice<kCols> h0 = fetch_state_slice<kCols>(sequence_initial_state(p, blockIdx.x, blockIdx.y),
+                                                        kCols * static_cast<int>(blockIdx.z));
+  const auto [n, first, count, h, col0] = correction_slice<kCols>(p, blockIdx.z);
   // S_0 = h0 (or zero) into the first segment's start; an empty sequence's final state is h0.
   const StateBlock first_start = count > 0 ? segment_state(p.segment_starts, p.num_v_heads, first, h)
                                            : sequence_final_state(p, n, h);
@@ -552,7 +575,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
         [&](int64_t j) -> const float* { return j - 1 >= begin && !m_step(j - 1) ? copy_source(j - 1) : start_of(j - 1); },
         start_of, [&](int64_t j, int event) { timeline_mark(p, 1, kTimelineCorrectionRow + j, event); },
         [&] {
-          if (copies) copy_slices(smem.apply_m, begin, end, copy_source, start_of, col0);
+          if (copies) copy_slices<kCols>(smem.apply_m, begin, end, copy_source, start_of, col0);
           timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
         });
   }
@@ -568,12 +591,12 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   constexpr int kSlices = kHeadDim / kSliceCols;
   const int role = static_cast<int>(blockIdx.z) / kSlices;
-  const auto [n, first, count, h, col0] = correction_slice(p, static_cast<int>(blockIdx.z) % kSlices);
+  const auto [n, first, count, h, col0] = correction_slice<kSliceCols>(p, static_cast<int>(blockIdx.z) % kSlices);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float* map = p.shard_maps + ((role * p.num_seqs + n) * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
@@ -606,30 +629,31 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 // gradient leaving segment j - 1: segment_grad_ends[j - 1]; an empty sequence's dh0 = dht. As the
 // forward: the copies (window) all at once while the first M steps' inputs load, then the M steps,
 // prefetched where consecutive.
+template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp,
                                                                                       const __grid_constant__ StepMaps maps) {
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kCols>& smem = *reinterpret_cast<CorrectionStorage<kCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const ForwardParams& p = bp.fwd;
-  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
-  const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
+  const auto [n, first, count, h, col0] = correction_slice<kCols>(p, blockIdx.z);
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
-  float x[16];
-  dht.load_row(k, col0 + c0, x);
+  const StateSlice<kCols> dht_slice = fetch_state_slice<kCols>(dht, col0);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
-    StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
-    if (dh0.base != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) dh0.store(k, col0 + c0 + i, x[i]);
-    }
+    const StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
+    if (dh0.base != nullptr) store_state_slice(dht_slice, dh0, col0);
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) smem.s[1].store(k, c0 + i, x[i]);
+  for (int u = 0; u < StateSlice<kCols>::kVecs; ++u) {
+    const int2 rc = StateSlice<kCols>::at(u, 0);
+    const float4 x = dht_slice.x[u];
+    smem.s[1].store(rc.x, rc.y, x.x), smem.s[1].store(rc.x, rc.y + 1, x.y);
+    smem.s[1].store(rc.x, rc.y + 2, x.z), smem.s[1].store(rc.x, rc.y + 3, x.w);
+  }
   wg::fence_shared_to_async();
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
   // x = first + j: dS*_x and, without a (backward) window, M_x (for the last segment only when dht
@@ -667,7 +691,9 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
         },
         [&](int64_t j) { return grad_end_of(j - 1); }, [](int64_t, int) {},
         [&] {
-          if (copies) copy_slices(smem.apply_m, begin, end, copy_source, [&](int64_t j) { return grad_end_of(j - 1); }, col0);
+          if (copies)
+            copy_slices<kCols>(smem.apply_m, begin, end, copy_source, [&](int64_t j) { return grad_end_of(j - 1); },
+                               col0);
         });
   }
 }
@@ -679,11 +705,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const ForwardParams& p = bp.fwd;
-  const auto [n, first, count, h, col0] = correction_slice(p, blockIdx.z);
+  const auto [n, first, count, h, col0] = correction_slice<kSliceCols>(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
@@ -718,7 +744,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const int64_t n = blockIdx.x;
@@ -750,7 +776,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const SliceBuffer& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceBuffer<kSliceCols>& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
     for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last.value(k, c0 + i));  // within 2^-17
   }
@@ -763,7 +789,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage& smem = *reinterpret_cast<CorrectionStorage*>(smem_raw);
+  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const int64_t n = blockIdx.x;
@@ -822,9 +848,9 @@ cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
 }
 
 // A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
-// the rank scans): grid (N, Hv, roles x 4 column slices), 256 threads, CorrectionStorage in dynamic
-// shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
-template <typename Params>
+// the rank scans): grid (N, Hv, roles x 128 / kCols column slices), 256 threads, CorrectionStorage in
+// dynamic shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
+template <int kCols = kSliceCols, typename Params>
 cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params& params, const float* base,
                                  int64_t blocks_base, const float* m, int64_t blocks_m, int64_t num_seqs,
                                  int num_v_heads, int roles, cudaStream_t stream) {
@@ -832,10 +858,10 @@ cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params&
   StepMaps maps;
   if (auto err = step_map(&maps.base, base, blocks_base); err != cudaSuccess) return err;
   if (auto err = step_map(&maps.m, m, blocks_m); err != cudaSuccess) return err;
-  constexpr int smem = sizeof(CorrectionStorage);
+  constexpr int smem = sizeof(CorrectionStorage<kCols>);
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kSliceCols),
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(num_seqs), num_v_heads, roles * kHeadDim / kCols),
                        kCorrectionThreads, smem, stream, params, maps);
 }
 
@@ -847,10 +873,15 @@ cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t str
                               blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
 }
 
-cudaError_t launch_cp_grad_correction(const BackwardParams& bp, cudaStream_t stream) {
+cudaError_t launch_cp_grad_correction(const BackwardParams& bp, int slice_cols, cudaStream_t stream) {
   const int64_t blocks = bp.fwd.max_segments * bp.fwd.num_v_heads;
-  return launch_segment_chain(cp_grad_correction_kernel, bp, bp.segment_grad_starts, blocks, bp.fwd.segment_transitions,
-                              blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+  if (slice_cols == 16)
+    return launch_segment_chain<16>(cp_grad_correction_kernel<16>, bp, bp.segment_grad_starts, blocks,
+                                    bp.fwd.segment_transitions, blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+  if (slice_cols == 32)
+    return launch_segment_chain<32>(cp_grad_correction_kernel<32>, bp, bp.segment_grad_starts, blocks,
+                                    bp.fwd.segment_transitions, blocks, bp.fwd.num_seqs, bp.fwd.num_v_heads, 1, stream);
+  return cudaErrorInvalidValue;
 }
 
 template <ElemKind E>
@@ -888,10 +919,15 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
                        states, strides[0], strides[1], strides[2], strides[3], vk);
 }
 
-cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream) {
+cudaError_t launch_cp_correction(const ForwardParams& p, int slice_cols, cudaStream_t stream) {
   const int64_t blocks = p.max_segments * p.num_v_heads;
-  return launch_segment_chain(cp_correction_kernel, p, p.segment_ends, blocks, p.segment_transitions, blocks,
-                              p.num_seqs, p.num_v_heads, 1, stream);
+  if (slice_cols == 16)
+    return launch_segment_chain<16>(cp_correction_kernel<16>, p, p.segment_ends, blocks, p.segment_transitions, blocks,
+                                    p.num_seqs, p.num_v_heads, 1, stream);
+  if (slice_cols == 32)
+    return launch_segment_chain<32>(cp_correction_kernel<32>, p, p.segment_ends, blocks, p.segment_transitions, blocks,
+                                    p.num_seqs, p.num_v_heads, 1, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace flashgdn::kern

@@ -35,8 +35,9 @@ cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t strea
 template <ElemKind E>
 cudaError_t launch_cp_windows(const ForwardParams& p, int32_t* windows, bool leading, cudaStream_t stream);
 
-// CP: S_{j+1} = S*_j (+ M_j S_j without a window) per (sequence, v-head) into segment_starts.
-cudaError_t launch_cp_correction(const ForwardParams& p, cudaStream_t stream);
+// CP: S_{j+1} = S*_j (+ M_j S_j without a window) per (sequence, v-head) into segment_starts;
+// slice_cols 16 or 32 state columns a CTA (plan::correction_slice_cols; else cudaErrorInvalidValue).
+cudaError_t launch_cp_correction(const ForwardParams& p, int slice_cols, cudaStream_t stream);
 
 // Shard maps (p.shard, after the state pass): per (sequence, v-head) the end state from zero,
 // E = S_J of the correction chain from S_0 = 0, and the product M = M_{J-1} ... M_0 (zero when a
@@ -57,8 +58,8 @@ cudaError_t launch_state_store(const float* src, float* states, const int64_t (&
 cudaError_t launch_cp_grad_shard_maps(const BackwardParams& bp, cudaStream_t stream);
 
 // Backward CP: dS_j = dS*_j (+ M_j^T dS_{j+1} without a window), j = J-1 .. 1, per (sequence,
-// v-head) into segment_grad_ends[j - 1].
-cudaError_t launch_cp_grad_correction(const BackwardParams& p, cudaStream_t stream);
+// v-head) into segment_grad_ends[j - 1]; slice_cols as launch_cp_correction's.
+cudaError_t launch_cp_grad_correction(const BackwardParams& p, int slice_cols, cudaStream_t stream);
 
 // The gate record of every (chunk, v-head) into p.chunk_gates (chunk_gates.cuh), for the forward
 // that forms A_r itself (p.inverse_inside) in place of the chunk inverse.

@@ -80,6 +80,7 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 #define FLASHGDN_WG_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define FLASHGDN_WG_ACC8_OPERANDS FLASHGDN_WG_ACC4(0), FLASHGDN_WG_ACC4(4)
 #define FLASHGDN_WG_ACC16_OPERANDS \
   FLASHGDN_WG_ACC4(0), FLASHGDN_WG_ACC4(4), FLASHGDN_WG_ACC4(8), FLASHGDN_WG_ACC4(12)
 #define FLASHGDN_WG_ACC32_OPERANDS                                                                  \
@@ -88,6 +89,7 @@ __device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.pr
 #define FLASHGDN_WG_ACC64_OPERANDS                                                                            \
   FLASHGDN_WG_ACC32_OPERANDS, FLASHGDN_WG_ACC4(32), FLASHGDN_WG_ACC4(36), FLASHGDN_WG_ACC4(40),                 \
       FLASHGDN_WG_ACC4(44), FLASHGDN_WG_ACC4(48), FLASHGDN_WG_ACC4(52), FLASHGDN_WG_ACC4(56), FLASHGDN_WG_ACC4(60)
+#define FLASHGDN_WG_ACC8_LIST "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define FLASHGDN_WG_ACC16_LIST "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FLASHGDN_WG_ACC32_LIST                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -156,10 +158,11 @@ __device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a
                  "n"(kTransB))
 
 // d[N/2] (+)= A[64,16] @ B[16,N] with A from registers (Elem x2, the mma.sync m16k16 A fragment of
-// each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 32, 64 or 128.
+// each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 16, 32, 64
+// or 128.
 template <typename Elem, int N, Major kMajorB>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128, "m64n32k16, m64n64k16 or m64n128k16");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n16k16, m64n32k16, m64n64k16 or m64n128k16");
   constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
   static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 operands");
   constexpr int kTransB = kMajorB == Major::kMN ? 1 : 0;
@@ -175,19 +178,27 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
   } else if constexpr (N == 64) {
     FLASHGDN_WG_RS("m64n64k16.f32.f16.f16", FLASHGDN_WG_ACC32_LIST, FLASHGDN_WG_ACC32_OPERANDS,
                    "{%32, %33, %34, %35}", "%36", "%37", "%38");
-  } else if constexpr (kBF16) {
+  } else if constexpr (N == 32 && kBF16) {
     FLASHGDN_WG_RS("m64n32k16.f32.bf16.bf16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS,
                    "{%16, %17, %18, %19}", "%20", "%21", "%22");
-  } else {
+  } else if constexpr (N == 32) {
     FLASHGDN_WG_RS("m64n32k16.f32.f16.f16", FLASHGDN_WG_ACC16_LIST, FLASHGDN_WG_ACC16_OPERANDS,
                    "{%16, %17, %18, %19}", "%20", "%21", "%22");
+  } else if constexpr (kBF16) {
+    FLASHGDN_WG_RS("m64n16k16.f32.bf16.bf16", FLASHGDN_WG_ACC8_LIST, FLASHGDN_WG_ACC8_OPERANDS,
+                   "{%8, %9, %10, %11}", "%12", "%13", "%14");
+  } else {
+    FLASHGDN_WG_RS("m64n16k16.f32.f16.f16", FLASHGDN_WG_ACC8_LIST, FLASHGDN_WG_ACC8_OPERANDS,
+                   "{%8, %9, %10, %11}", "%12", "%13", "%14");
   }
 }
 
 #undef FLASHGDN_WG_ACC4
+#undef FLASHGDN_WG_ACC8_OPERANDS
 #undef FLASHGDN_WG_ACC16_OPERANDS
 #undef FLASHGDN_WG_ACC32_OPERANDS
 #undef FLASHGDN_WG_ACC64_OPERANDS
+#undef FLASHGDN_WG_ACC8_LIST
 #undef FLASHGDN_WG_ACC16_LIST
 #undef FLASHGDN_WG_ACC32_LIST
 #undef FLASHGDN_WG_ACC64_LIST
