@@ -179,7 +179,7 @@ constexpr int kCorrectionThreads = kChainThreads;
 // State columns per chain CTA: the corrections take 16 (8 CTAs a state, half the B operand's
 // shared-memory reads a step) where that still fits one wave, else 32; the shard maps and rank
 // scans take 32.
-constexpr int kSliceCols = 32;
+constexpr int kShardSliceCols = 32;
 
 constexpr int kFlagSteps = 4096;  // the corrections' steps whose apply-M flags are in shared memory at once
 
@@ -323,7 +323,7 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       const float* src = from(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
         v[i][u] = *reinterpret_cast<const float4*>(src + row * kHeadDim + col0 + 4 * vec);
       }
     }
@@ -333,7 +333,7 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       float* dst = to(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kSliceCols / 4), vec = e % (kSliceCols / 4);
+        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
         store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
                         __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
       }
@@ -591,12 +591,12 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
+  CorrectionStorage<kShardSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kShardSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
-  constexpr int kSlices = kHeadDim / kSliceCols;
+  constexpr int kSlices = kHeadDim / kShardSliceCols;
   const int role = static_cast<int>(blockIdx.z) / kSlices;
-  const auto [n, first, count, h, col0] = correction_slice<kSliceCols>(p, static_cast<int>(blockIdx.z) % kSlices);
+  const auto [n, first, count, h, col0] = correction_slice<kShardSliceCols>(p, static_cast<int>(blockIdx.z) % kSlices);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float* map = p.shard_maps + ((role * p.num_seqs + n) * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
@@ -705,11 +705,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
+  CorrectionStorage<kShardSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kShardSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const ForwardParams& p = bp.fwd;
-  const auto [n, first, count, h, col0] = correction_slice<kSliceCols>(p, blockIdx.z);
+  const auto [n, first, count, h, col0] = correction_slice<kShardSliceCols>(p, blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
@@ -744,11 +744,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
+  CorrectionStorage<kShardSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kShardSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const int64_t n = blockIdx.x;
-  const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
+  const int h = blockIdx.y, col0 = kShardSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   constexpr int64_t kBlock = kHeadDim * kHeadDim;
   float* entering = a.entering + (n * a.num_v_heads + h) * kBlock;
@@ -776,7 +776,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_scan_kernel(const Sh
   __syncthreads();  // S_world, in s[(world - 1) & 1] (s[1] = S_0 when world == 0), complete
   const StateBlock final_state = user_state(a.final_state, a.final_state_strides, a.state_vk, n, h, a.final_state_bf16);
   if (final_state.base != nullptr) {
-    const SliceBuffer<kSliceCols>& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
+    const SliceBuffer<kShardSliceCols>& last = smem.s[a.world > 0 ? (a.world - 1) & 1 : 1];
 #pragma unroll
     for (int i = 0; i < 16; ++i) final_state.store(k, col0 + c0 + i, last.value(k, c0 + i));  // within 2^-17
   }
@@ -789,11 +789,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  CorrectionStorage<kSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kSliceCols>*>(smem_raw);
+  CorrectionStorage<kShardSliceCols>& smem = *reinterpret_cast<CorrectionStorage<kShardSliceCols>*>(smem_raw);
   StepLoads loads;
   loads.init(smem, maps);
   const int64_t n = blockIdx.x;
-  const int h = blockIdx.y, col0 = kSliceCols * static_cast<int>(blockIdx.z);
+  const int h = blockIdx.y, col0 = kShardSliceCols * static_cast<int>(blockIdx.z);
   const int k = threadIdx.x / 2, c0 = 16 * (threadIdx.x % 2);
   constexpr int64_t kBlock = kHeadDim * kHeadDim;
   const int steps = a.world - 1 - a.rank;
@@ -850,7 +850,7 @@ cudaError_t step_map(CUtensorMap* map, const float* base, int64_t blocks) {
 // A serial chain per (sequence, v-head) over segments or ranks (the corrections, the shard maps,
 // the rank scans): grid (N, Hv, roles x 128 / kCols column slices), 256 threads, CorrectionStorage in
 // dynamic shared memory; its step inputs from `base` (blocks_base of them) and `m` (blocks_m).
-template <int kCols = kSliceCols, typename Params>
+template <int kCols = kShardSliceCols, typename Params>
 cudaError_t launch_segment_chain(void (*kernel)(Params, StepMaps), const Params& params, const float* base,
                                  int64_t blocks_base, const float* m, int64_t blocks_m, int64_t num_seqs,
                                  int num_v_heads, int roles, cudaStream_t stream) {
