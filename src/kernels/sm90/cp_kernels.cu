@@ -343,7 +343,8 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
 
 // Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
 // (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
-// any store; copy_slices' thread layout (row e / 8, 4 columns from 4 (e % 8), e = tid + 256 u), so
+// any store; copy_slices' thread layout (row e / (kCols / 4), 4 columns from 4 (e % (kCols / 4)),
+// e = tid + 256 u), so
 // that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte stores,
 // kCols / 4 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's
 // start).
