@@ -32,7 +32,13 @@
 #   mode but stage, dist and bench: the timeline mode's build and bench/timeline.py at the end, saving a call;
 #   TIMELINE_ARGS: its arguments, e.g. --backward for the gradient pass's stages),
 #   EXTRA (every mode but stage, dist and bench: a command run on the build before the profile and timeline,
-#   its log extra.log, e.g. "python3 bench/kernel_breakdown.py")
+#   its log extra.log, e.g. "python3 bench/kernel_breakdown.py"),
+#   BASELINE=1 (every mode but stage, dist and bench; needs .carry/baseline from scripts/make_baseline.sh
+#   <ref>, carried): that tree's library built in build-baseline, then BASELINE_CMD (default: the
+#   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's,
+#   alternating, twice each (ab_baseline.log, ab_candidate.log: one machine, no spread between
+#   machines); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
+#   (FLASHGDN_COMMIT=baseline_<its sha>)
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -258,6 +264,38 @@ if [ -n "${EXTRA:-}" ]; then  # EXTRA="command": one more measurement on this bu
   timeout "${BENCH_TIMEOUT:-420}" bash -c "$EXTRA" >"$OUT/extra.log" 2>&1
   note "extra ($EXTRA) rc=$?"
   tail -n 40 "$OUT/extra.log"
+fi
+
+if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this machine
+  baseline_sha=$(cat .carry/baseline/COMMIT 2>/dev/null || echo unknown)
+  start=$(date +%s)
+  cmake -S .carry/baseline -B build-baseline -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_BUILD_TESTS=OFF \
+    >"$OUT/build_baseline.log" 2>&1 &&
+    cmake --build build-baseline -j "$(nproc)" --target flashgdn_c >>"$OUT/build_baseline.log" 2>&1
+  rc=$?
+  note "baseline $baseline_sha build rc=$rc in $(( $(date +%s) - start )) s"
+  if [ $rc -eq 0 ]; then
+    ab_cmd=${BASELINE_CMD:-python3 bench/kernel_breakdown.py 1x2048:2:8 1x8192:2:8 1x8192:2:4:bwd 1x32768:2:8 8x1024:2:8}
+    : >"$OUT/ab_baseline.log"
+    : >"$OUT/ab_candidate.log"
+    for round in 1 2; do
+      FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" \
+        >>"$OUT/ab_baseline.log" 2>&1
+      note "A/B round $round, baseline $baseline_sha rc=$?"
+      timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_candidate.log" 2>&1
+      note "A/B round $round, candidate ${FLASHGDN_COMMIT:-} rc=$?"
+    done
+    echo "== baseline $baseline_sha"; tail -n 30 "$OUT/ab_baseline.log"
+    echo "== candidate ${FLASHGDN_COMMIT:-}"; tail -n 30 "$OUT/ab_candidate.log"
+    if [ -n "${BASELINE_TABLES:-}" ]; then
+      for direction in fwd bwd; do
+        FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so FLASHGDN_COMMIT=baseline_$baseline_sha \
+          timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction $direction --no-plots ${BENCH_ARGS:-} \
+          --out "$OUT" >"$OUT/bench_baseline_$direction.log" 2>&1
+        note "baseline $direction bench rc=$?"
+      done
+    fi
+  fi
 fi
 profile
 [ -n "${TIMELINE:-}" ] && timeline  # TIMELINE=1: the timeline too, in the same call
