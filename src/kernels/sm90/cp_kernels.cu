@@ -523,7 +523,12 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
 template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
                                                                                  const __grid_constant__ StepMaps maps) {
-  wait_for_previous_grid();
+  // Early start (grid_dependency.cuh): until the first flag block's flags are read the kernel reads
+  // only the call's inputs (h0) and tables written two or more kernels back (the segment offsets,
+  // window_chunks) and writes S_0 into segment_starts, which the state pass (the previous kernel)
+  // neither reads nor writes; so the wait comes after them, before the step inputs and the copies'
+  // sources (the state pass's S* and M) are read. In shard mode h0 is the previous kernel's output.
+  if (p.shard) wait_for_previous_grid();
   release_next_grid();
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
@@ -557,6 +562,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
+    wait_for_previous_grid();  // the state pass's S* and M (returns at once from the second block on)
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     auto copy_source = [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); };
@@ -580,6 +586,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
           timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
         });
   }
+  wait_for_previous_grid();  // a sequence without steps waits too: the stream's order stays transitive
 }
 
 // (shard maps) role 0: S_0 = 0, S_{j+1} = S*_j + [no window] M_j S_j over all J segments, so S_J
@@ -633,7 +640,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp,
                                                                                       const __grid_constant__ StepMaps maps) {
-  wait_for_previous_grid();
+  // Early start as cp_correction's: dht (the call's input) and the flags (the segment offsets,
+  // grad_window_chunks: two or more kernels back) before the wait, nothing written to global memory
+  // before it; the dS* pass (the previous kernel) writes the steps' inputs and the copies' sources.
+  // In shard mode dht is the previous kernel's output.
+  if (bp.fwd.shard) wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage<kCols>& smem = *reinterpret_cast<CorrectionStorage<kCols>*>(smem_raw);
@@ -644,6 +655,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
   const StateSlice<kCols> dht_slice = fetch_state_slice<kCols>(dht, col0);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
+    wait_for_previous_grid();
     const StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
     if (dh0.base != nullptr) store_state_slice(dht_slice, dh0, col0);
     return;
@@ -672,6 +684,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
+    wait_for_previous_grid();  // the dS* pass's dS* and the transitions (at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     auto copy_source = [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); };
     // The steps with M, serial (as in cp_correction, in reverse), and the prologue, while their first
@@ -697,6 +710,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
                                col0);
         });
   }
+  wait_for_previous_grid();  // a sequence without steps waits too: the stream's order stays transitive
 }
 
 // (backward shard map) dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 0; D = dS_0
