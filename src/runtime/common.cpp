@@ -1,6 +1,7 @@
 #include "runtime/common.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "plan/cp_plan.h"
@@ -37,7 +38,7 @@ int32_t num_sms() {
 
 int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads) {
   if (const char* forced = std::getenv("FLASHGDN_CP_SLICE_COLS"); forced != nullptr && *forced != '\0')
-    return static_cast<int32_t>(std::strtol(forced, nullptr, 10));  // the launch rejects all but 16 and 32
+    return std::strcmp(forced, "16") == 0 ? 16 : std::strcmp(forced, "32") == 0 ? 32 : 0;  // 0: the launch fails
   return plan::correction_slice_cols(num_sequences, num_v_heads, num_sms());
 }
 

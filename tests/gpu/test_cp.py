@@ -466,9 +466,10 @@ def test_correction_slice_widths(seed, cols, monkeypatch):
 
 
 def test_correction_slice_width_override_reaches_the_launch(seed, monkeypatch):
-    """FLASHGDN_CP_SLICE_COLS goes to the corrections' launch as it is: a width other than 16 or 32
-    fails the call with an error naming the kernel (so the 16 and 32 of the tests above are the
-    widths that ran)."""
+    """FLASHGDN_CP_SLICE_COLS goes to the corrections' launch: a value other than 16 or 32 fails the
+    call with an error naming the kernel (so the 16 and 32 of the tests above are the widths that
+    ran). The backward fails at its forward recompute's cp_correction, before cp_grad_correction,
+    which takes its width from the same function."""
     x = make_inputs(1, 1000, 2, 4, regime="mixed")
     monkeypatch.setenv("FLASHGDN_CP_SLICE_COLS", "24")
     with pytest.raises(RuntimeError, match="cp_correction"):

@@ -562,8 +562,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   for (int64_t begin = 1; begin < count; begin += kFlagSteps) {
     const int64_t end = min(count, begin + kFlagSteps);
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
-    wait_for_previous_grid();  // the state pass's S* and M (returns at once from the second block on)
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
+    wait_for_previous_grid();  // the state pass's S* and M (returns at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     auto copy_source = [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); };
     // The steps with M, serial (correction_m_steps), and the prologue, while their first inputs
