@@ -302,6 +302,21 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
   return at;
 }
 
+// Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
+// (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
+// any store. Thread layout (at; copy_slices' too): row e / (kCols / 4), 4 columns from
+// 4 (e % (kCols / 4)), e = tid + 256 u, so that a 16-byte-aligned fp32 block with unit column stride
+// (the workspace's) takes 16-byte stores, kCols / 4 threads a row (a row a thread in 16 scalar
+// stores cost ~6k cycles of the correction's start).
+template <int kCols>
+struct StateSlice {
+  static constexpr int kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
+  float4 x[kVecs];
+  static __device__ __forceinline__ int2 at(int u, int col0) {
+    const int e = threadIdx.x + kCorrectionThreads * u;
+    return make_int2(e / (kCols / 4), col0 + 4 * (e % (kCols / 4)));
+  }
+};
 // Steps that apply no M copy S*: `to(j)` = `from(j)` (column slice col0) for every step j in
 // [begin, end) whose apply-M flag (apply_m[j - begin], load_step_flags) is 0, independent of each
 // other, so all at once: four steps' float4s in flight per thread. Four steps' flags are read as one
@@ -310,7 +325,7 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
 template <int kCols, typename From, typename To>
 __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begin, int64_t end, From&& from, To&& to,
                                             int col0) {
-  constexpr int kSteps = 4, kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
+  constexpr int kSteps = 4, kVecs = StateSlice<kCols>::kVecs;  // StateSlice's thread layout
   constexpr uint32_t kAllApplyM = 0x01010101u;
   for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
     const uint32_t flags = *reinterpret_cast<const uint32_t*>(apply_m + (j0 - begin));  // 0 past end
@@ -323,8 +338,8 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       const float* src = from(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
-        v[i][u] = *reinterpret_cast<const float4*>(src + row * kHeadDim + col0 + 4 * vec);
+        const int2 rc = StateSlice<kCols>::at(u, col0);
+        v[i][u] = *reinterpret_cast<const float4*>(src + rc.x * kHeadDim + rc.y);
       }
     }
 #pragma unroll
@@ -333,30 +348,14 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       float* dst = to(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
-        store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
+        const int2 rc = StateSlice<kCols>::at(u, col0);
+        store_global_16(dst + rc.x * kHeadDim + rc.y, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
                         __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
       }
     }
   }
 }
 
-// Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
-// (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
-// any store; copy_slices' thread layout (row e / (kCols / 4), 4 columns from 4 (e % (kCols / 4)),
-// e = tid + 256 u), so
-// that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte stores,
-// kCols / 4 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's
-// start).
-template <int kCols>
-struct StateSlice {
-  static constexpr int kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
-  float4 x[kVecs];
-  static __device__ __forceinline__ int2 at(int u, int col0) {
-    const int e = threadIdx.x + kCorrectionThreads * u;
-    return make_int2(e / (kCols / 4), col0 + 4 * (e % (kCols / 4)));
-  }
-};
 template <int kCols>
 __device__ __forceinline__ StateSlice<kCols> fetch_state_slice(const StateBlock& from, int col0) {
   StateSlice<kCols> slice;
