@@ -75,7 +75,7 @@ def correction_phases(row):
     out["start to barriers initialised"] = int(start[0] - start[10])
     out["S_0 stored"] = int(start[1] - start[0])
     out["flags read"] = int(start[2] - start[1])
-    out["copies"] = int(start[11] - start[2])
+    out["wait + copies"] = int(start[11] - start[2])  # the early start's wait for the state pass, then the copies
     out["start to M loop"] = int(start[11] - start[10])
     out["start to first step"] = int(row[steps[0], 0] - start[10])
     out["steps recorded"] = len(steps)

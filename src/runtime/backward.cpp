@@ -236,7 +236,10 @@ Status backward(const BackwardProblem& problem, void* workspace, std::size_t wor
       bp.shard_grad = static_cast<float*>(problem.shard_grad.data);
       return cuda_status(kern::launch_cp_grad_shard_maps(bp, stream), "cp_grad_shard_maps");
     }
-    if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, cp_slice_cols(p.num_seqs, p.num_v_heads), stream), "cp_grad_correction"); !s.ok()) return s;
+    if (auto s = cuda_status(kern::launch_cp_grad_correction(bp, cp_slice_cols(p.num_seqs, p.num_v_heads), stream),
+                             "cp_grad_correction");
+        !s.ok())
+      return s;
     p.cp_pass = kern::kCpMainPass;
   }
   // dS^T leaving every chunk (and dh0), then every chunk's gradients

@@ -37,10 +37,8 @@ int32_t num_sms() {
 }
 
 int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads) {
-  if (const char* forced = std::getenv("FLASHGDN_CP_SLICE_COLS")) {
-    if (std::strcmp(forced, "16") == 0) return 16;
-    if (std::strcmp(forced, "32") == 0) return 32;
-  }
+  if (const char* forced = std::getenv("FLASHGDN_CP_SLICE_COLS"); forced != nullptr && *forced != '\0')
+    return std::strcmp(forced, "16") == 0 ? 16 : std::strcmp(forced, "32") == 0 ? 32 : 0;  // 0: the launch fails
   return plan::correction_slice_cols(num_sequences, num_v_heads, num_sms());
 }
 

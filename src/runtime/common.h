@@ -31,7 +31,8 @@ Status check_device();
 int32_t num_sms();
 
 // The corrections' slice width (plan::correction_slice_cols on this device), unless the environment
-// variable FLASHGDN_CP_SLICE_COLS is 16 or 32 (read at every call: the tests and A/B runs force it).
+// variable FLASHGDN_CP_SLICE_COLS is set (read at every call: the tests and A/B runs force 16 or 32;
+// any other value gives 0, which fails the correction's launch with an invalid-argument error).
 int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads);
 
 // kWorkspaceTooSmall / kInvalidArgument for a workspace that cannot hold `needed` bytes.

@@ -174,7 +174,10 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
       if (stages == CpStages::kMaps) return cuda_status(kern::launch_cp_shard_maps(p, stream), "cp_shard_maps");
       if (stages == CpStages::kStatePass) return {};
     }
-    if (auto s = cuda_status(kern::launch_cp_correction(p, cp_slice_cols(p.num_seqs, p.num_v_heads), stream), "cp_correction"); !s.ok()) return s;
+    if (auto s = cuda_status(kern::launch_cp_correction(p, cp_slice_cols(p.num_seqs, p.num_v_heads), stream),
+                             "cp_correction");
+        !s.ok())
+      return s;
     p.cp_pass = kern::kCpMainPass;
   }
   p.chunk_states = chunk_states;

@@ -1,7 +1,7 @@
 """The ordering rule of programmatic dependent launch (src/kernels/sm90/grid_dependency.cuh), checked
 on the sources: every kernel of the library (__global__ under src/kernels) starts with
 wait_for_previous_grid() (unconditional, or under a condition whose other case waits later: the fused
-forwards' early start), and none is launched with <<<>>> (launch_kernel sets the attribute).
+forwards' and the CP corrections' early starts), and none is launched with <<<>>> (launch_kernel sets the attribute).
 A kernel launched with the attribute that touched memory before the wait could race the previous
 kernel of the stream; one launched with <<<>>> would not overlap at all."""
 

@@ -356,11 +356,14 @@ def test_backward_window_direction(seed, decay_at):
     check(x, o, final)
 
 
-def test_windows_and_transitions_interleaved(seed):
+@pytest.mark.parametrize("cols", ["16", "32"])
+def test_windows_and_transitions_interleaved(seed, cols, monkeypatch):
     """Within one head, segments with a window and segments with the exact transition M alternate:
     head h decays strongly in segment j when (j + h) % 3 == 0 and not at all otherwise, so the
     corrections see runs of M steps (prefetched one after another), M steps right after a window
-    step (their start taken from the copied slices) and windows after M steps, forward and backward."""
+    step (their start read from the copy's source) and windows after M steps, forward and backward,
+    at both slice widths (FLASHGDN_CP_SLICE_COLS)."""
+    monkeypatch.setenv("FLASHGDN_CP_SLICE_COLS", cols)
     x = make_inputs(1, 4133, 2, 4, regime="zero")
     segment = torch.arange(4133, device="cuda") // 256  # 4-chunk segments
     for h in range(4):
@@ -375,11 +378,13 @@ def test_windows_and_transitions_interleaved(seed):
     assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
 
 
-def test_corrections_past_one_flag_block(seed):
+@pytest.mark.parametrize("cols", ["16", "32"])
+def test_corrections_past_one_flag_block(seed, cols, monkeypatch):
     """More segments in one sequence than the corrections hold apply-M flags for at once (4096,
     cp_kernels.cu's kFlagSteps): 4101 one-chunk segments with windows and exact transitions
     interleaved as above, so runs of M steps and copies cross the flag blocks' boundary (one block
-    boundary forward, one backward); CP against no CP, forward and backward."""
+    boundary forward, one backward); CP against no CP, forward and backward, at both slice widths."""
+    monkeypatch.setenv("FLASHGDN_CP_SLICE_COLS", cols)
     chunks = 4101
     x = make_inputs(1, 64 * chunks, 1, 2, regime="zero")
     segment = torch.arange(64 * chunks, device="cuda") // 64
@@ -458,3 +463,20 @@ def test_correction_slice_widths(seed, cols, monkeypatch):
     grads = run_backward(x, do, dht, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     check_grads(x, grads, do, dht, cu_seqlens=cu)
     assert torch.equal(grads["dh0"][0], dht[0]) and torch.equal(grads["dh0"][4], dht[4])
+
+
+def test_correction_slice_width_override_reaches_the_launch(seed, monkeypatch):
+    """FLASHGDN_CP_SLICE_COLS goes to the corrections' launch: a value other than 16 or 32 fails the
+    call with an error naming the kernel (so the 16 and 32 of the tests above are the widths that
+    ran). The backward fails at its forward recompute's cp_correction, before cp_grad_correction,
+    which takes its width from the same function."""
+    x = make_inputs(1, 1000, 2, 4, regime="mixed")
+    monkeypatch.setenv("FLASHGDN_CP_SLICE_COLS", "24")
+    with pytest.raises(RuntimeError, match="cp_correction"):
+        run(x, ON, segment_chunks=4)
+    do, dht = upstream(x)
+    with pytest.raises(RuntimeError, match="correction"):  # its CP pre-pass runs cp_correction first
+        run_backward(x, do, dht, ON, segment_chunks=4)
+    monkeypatch.delenv("FLASHGDN_CP_SLICE_COLS")
+    o, final = run(x, ON, segment_chunks=4)
+    check(x, o, final)

@@ -302,6 +302,21 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
   return at;
 }
 
+// Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
+// (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
+// any store. Thread layout (at; copy_slices' too): row e / (kCols / 4), 4 columns from
+// 4 (e % (kCols / 4)), e = tid + 256 u, so that a 16-byte-aligned fp32 block with unit column stride
+// (the workspace's) takes 16-byte stores, kCols / 4 threads a row (a row a thread in 16 scalar
+// stores cost ~6k cycles of the correction's start).
+template <int kCols>
+struct StateSlice {
+  static constexpr int kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
+  float4 x[kVecs];
+  static __device__ __forceinline__ int2 at(int u, int col0) {
+    const int e = threadIdx.x + kCorrectionThreads * u;
+    return make_int2(e / (kCols / 4), col0 + 4 * (e % (kCols / 4)));
+  }
+};
 // Steps that apply no M copy S*: `to(j)` = `from(j)` (column slice col0) for every step j in
 // [begin, end) whose apply-M flag (apply_m[j - begin], load_step_flags) is 0, independent of each
 // other, so all at once: four steps' float4s in flight per thread. Four steps' flags are read as one
@@ -310,7 +325,7 @@ __device__ __forceinline__ CorrectionSlice correction_slice(const ForwardParams&
 template <int kCols, typename From, typename To>
 __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begin, int64_t end, From&& from, To&& to,
                                             int col0) {
-  constexpr int kSteps = 4, kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
+  constexpr int kSteps = 4, kVecs = StateSlice<kCols>::kVecs;  // StateSlice's thread layout
   constexpr uint32_t kAllApplyM = 0x01010101u;
   for (int64_t j0 = begin; j0 < end; j0 += kSteps) {
     const uint32_t flags = *reinterpret_cast<const uint32_t*>(apply_m + (j0 - begin));  // 0 past end
@@ -323,8 +338,8 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       const float* src = from(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
-        v[i][u] = *reinterpret_cast<const float4*>(src + row * kHeadDim + col0 + 4 * vec);
+        const int2 rc = StateSlice<kCols>::at(u, col0);
+        v[i][u] = *reinterpret_cast<const float4*>(src + rc.x * kHeadDim + rc.y);
       }
     }
 #pragma unroll
@@ -333,30 +348,14 @@ __device__ __forceinline__ void copy_slices(const uint8_t* apply_m, int64_t begi
       float* dst = to(j0 + i);
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {  // st.global.v4: NVVM stored these float4s word by word
-        const int e = threadIdx.x + kCorrectionThreads * u, row = e / (kCols / 4), vec = e % (kCols / 4);
-        store_global_16(dst + row * kHeadDim + col0 + 4 * vec, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
+        const int2 rc = StateSlice<kCols>::at(u, col0);
+        store_global_16(dst + rc.x * kHeadDim + rc.y, __float_as_uint(v[i][u].x), __float_as_uint(v[i][u].y),
                         __float_as_uint(v[i][u].z), __float_as_uint(v[i][u].w));
       }
     }
   }
 }
 
-// Columns col0 .. col0 + kCols - 1 of a state in registers (StateSlice): fetch_state_slice reads `from`
-// (zeros when absent), store_state_slice writes them to `to`, any layouts, every load issued before
-// any store; copy_slices' thread layout (row e / (kCols / 4), 4 columns from 4 (e % (kCols / 4)),
-// e = tid + 256 u), so
-// that a 16-byte-aligned fp32 block with unit column stride (the workspace's) takes 16-byte stores,
-// kCols / 4 threads a row (a row a thread in 16 scalar stores cost ~6k cycles of the correction's
-// start).
-template <int kCols>
-struct StateSlice {
-  static constexpr int kVecs = kHeadDim * kCols / 4 / kCorrectionThreads;  // 4 (2) float4 a thread
-  float4 x[kVecs];
-  static __device__ __forceinline__ int2 at(int u, int col0) {
-    const int e = threadIdx.x + kCorrectionThreads * u;
-    return make_int2(e / (kCols / 4), col0 + 4 * (e % (kCols / 4)));
-  }
-};
 template <int kCols>
 __device__ __forceinline__ StateSlice<kCols> fetch_state_slice(const StateBlock& from, int col0) {
   StateSlice<kCols> slice;
@@ -523,7 +522,12 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
 template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(const ForwardParams p,
                                                                                  const __grid_constant__ StepMaps maps) {
-  wait_for_previous_grid();
+  // Early start (grid_dependency.cuh): until the first flag block's flags are read the kernel reads
+  // only the call's inputs (h0) and tables written two or more kernels back (the segment offsets,
+  // window_chunks) and writes S_0 into segment_starts, which the state pass (the previous kernel)
+  // neither reads nor writes; so the wait comes after them, before the step inputs and the copies'
+  // sources (the state pass's S* and M) are read. In shard mode h0 is the previous kernel's output.
+  if (p.shard) wait_for_previous_grid();
   release_next_grid();
   timeline_mark(p, 1, kTimelineCorrectionRow - 1, 10);
   // (forward) S_0 = h0, S_{j+1} = S*_j + [no window] M_j S_j
@@ -558,6 +562,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
     const int64_t end = min(count, begin + kFlagSteps);
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
+    wait_for_previous_grid();  // the state pass's S* and M (returns at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     auto copy_source = [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); };
     // The steps with M, serial (correction_m_steps), and the prologue, while their first inputs
@@ -580,6 +585,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
           timeline_mark(p, 1, kTimelineCorrectionRow - 1, 11);
         });
   }
+  wait_for_previous_grid();  // a sequence without steps waits too: the stream's order stays transitive
 }
 
 // (shard maps) role 0: S_0 = 0, S_{j+1} = S*_j + [no window] M_j S_j over all J segments, so S_J
@@ -633,7 +639,11 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_shard_maps_kernel(const
 template <int kCols>
 __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kernel(const BackwardParams bp,
                                                                                       const __grid_constant__ StepMaps maps) {
-  wait_for_previous_grid();
+  // Early start as cp_correction's: dht (the call's input) and the flags (the segment offsets,
+  // grad_window_chunks: two or more kernels back) before the wait, nothing written to global memory
+  // before it; the dS* pass (the previous kernel) writes the steps' inputs and the copies' sources.
+  // In shard mode dht is the previous kernel's output.
+  if (bp.fwd.shard) wait_for_previous_grid();
   release_next_grid();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   CorrectionStorage<kCols>& smem = *reinterpret_cast<CorrectionStorage<kCols>*>(smem_raw);
@@ -644,6 +654,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   const StateBlock dht = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, n, h);
   const StateSlice<kCols> dht_slice = fetch_state_slice<kCols>(dht, col0);
   if (count <= 0) {  // an empty sequence has no segment to write dh0: it is dht
+    wait_for_previous_grid();
     const StateBlock dh0 = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, n, h);
     if (dh0.base != nullptr) store_state_slice(dht_slice, dh0, col0);
     return;
@@ -672,6 +683,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   for (int64_t end = count; end > 1; end -= kFlagSteps) {
     const int64_t begin = end > kFlagSteps + 1 ? end - kFlagSteps : 1;
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
+    wait_for_previous_grid();  // the dS* pass's dS* and the transitions (at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
     auto copy_source = [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); };
     // The steps with M, serial (as in cp_correction, in reverse), and the prologue, while their first
@@ -697,6 +709,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
                                col0);
         });
   }
+  wait_for_previous_grid();  // a sequence without steps waits too: the stream's order stays transitive
 }
 
 // (backward shard map) dS_J = 0, dS_j = dS*_j + [no window] M_j^T dS_{j+1} for j = J-1 .. 0; D = dS_0

@@ -9,9 +9,12 @@
 // every kernel waits before it touches global memory, the order is transitive along the stream
 // (tests/cpu/kernel_sources_check.py checks that each __global__ function starts with the wait and
 // that no kernel is launched with <<<>>>). Without the launch attribute the wait returns at once.
-// One exception, the early start of the warp-specialized forwards without CP
-// (fused_forward_starts_early, fused_forward_rs.cuh): their roles wait later, after loads of the call's inputs and of tables written two or
-// more kernels back, which the previous kernel's own wait has ordered.
+// Two exceptions, early starts: the warp-specialized forwards without CP (fused_forward_starts_early,
+// fused_forward_rs.cuh) and the CP corrections outside shard mode (cp_correction_kernel,
+// cp_grad_correction_kernel in cp_kernels.cu); they wait later, after loads of the call's inputs and
+// of tables written two or more kernels back, which the previous kernel's own wait has ordered (the
+// corrections also write S_0 there, to a block the previous kernel does not touch), and every path
+// through them still waits before it ends.
 // FLASHGDN_PDL=0 in the environment launches without the attribute (A/B timing).
 #pragma once
 

@@ -19,9 +19,10 @@
 // above the rows the fused passes' items of at most kTimelineCorrectionRow - 1 chunks write): 0 step
 // top, 2 barrier passed, 4 k-half 0 issued, 7 the step's buffer released, 1 the next step's inputs
 // waited, 6 its base and k-half 0 split, 5 wgmmas waited, 3 step stored (cp_kernels.cu's
-// correction_m_steps); in the row before: 10 kernel start (the
-// previous grid waited for), 0 the step barriers initialised, 1 S_0 stored, 2 the first flag block
-// read, 11 the M steps' loop entered (flags and copies done; once per flag block).
+// correction_m_steps); in the row before: 10 kernel start (before the wait for the previous grid
+// outside shard mode: the early start), 0 the step barriers initialised, 1 S_0 stored, 2 the first
+// flag block read, 11 the M steps' loop entered (the previous grid waited for, the copies done; once
+// per flag block).
 // bench/timeline.py reads them (--backward for the gradient pass, --correction for the correction).
 #pragma once
 
