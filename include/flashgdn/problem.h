@@ -39,6 +39,8 @@ struct Varlen {
   DType dtype = DType::kI32;                 // kI32 or kI64
   int64_t num_seqs = 0;                      // N
   const int64_t* cu_seqlens_host = nullptr;  // optional host copy: lets the host plan without a device sync
+                                             // (and run N sequences of one length filling the token
+                                             // axis as batch mode: same results, one kernel fewer)
 
   bool present() const { return cu_seqlens != nullptr; }
 };

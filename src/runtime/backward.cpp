@@ -116,7 +116,18 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
 
 }  // namespace
 
-std::size_t backward_workspace_bytes(const BackwardProblem& problem) { return backward_layout(problem).bytes; }
+BackwardProblem batch_view(const BackwardProblem& problem) {
+  const int64_t length = uniform_sequence_length(problem.in);
+  if (length == 0) return problem;
+  const int64_t n = problem.in.varlen.num_seqs;
+  BackwardProblem batched = problem;
+  batched.in = as_batch(problem.in, length);
+  for (TensorRef* t : {&batched.d_o, &batched.dq, &batched.dk, &batched.dv, &batched.dg, &batched.dbeta})
+    *t = split_token_axis(*t, n, length);
+  return batched;
+}
+
+std::size_t backward_workspace_bytes(const BackwardProblem& problem) { return backward_layout(batch_view(problem)).bytes; }
 
 }  // namespace detail
 
@@ -124,13 +135,14 @@ Status backward_workspace_size(const BackwardProblem& problem, std::size_t* byte
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes: null pointer"};
   *bytes = 0;
   if (auto s = detail::validate_backward(problem, detail::Target::kDevice); !s.ok()) return s;
-  *bytes = detail::backward_layout(problem).bytes;
+  *bytes = detail::backward_workspace_bytes(problem);
   return {};
 }
 
-Status backward(const BackwardProblem& problem, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+Status backward(const BackwardProblem& given, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   using namespace detail;
-  if (auto s = validate_backward(problem, Target::kDevice); !s.ok()) return s;
+  if (auto s = validate_backward(given, Target::kDevice); !s.ok()) return s;
+  const BackwardProblem problem = batch_view(given);
   if (auto s = check_device(); !s.ok()) return s;
   const BackwardLayout layout = backward_layout(problem);
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;

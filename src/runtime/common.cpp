@@ -30,6 +30,35 @@ int64_t chunk_bound(const Inputs& in) {
   return T / 64 + in.varlen.num_seqs;
 }
 
+int64_t uniform_sequence_length(const Inputs& in) {
+  const int64_t* cu = in.varlen.cu_seqlens_host;
+  if (!in.varlen.present() || cu == nullptr || in.varlen.num_seqs < 1 || cu[0] != 0) return 0;
+  const int64_t n = in.varlen.num_seqs, length = cu[1];
+  if (length <= 0 || length * n != in.shape.seqlen) return 0;
+  for (int64_t i = 1; i <= n; ++i)
+    if (cu[i] != i * length) return 0;
+  return length;
+}
+
+TensorRef split_token_axis(const TensorRef& t, int64_t batch, int64_t length) {
+  if (!t.present()) return t;
+  TensorRef split = t;
+  split.sizes[0] = batch;
+  split.sizes[1] = length;
+  split.strides[0] = t.strides[1] * length;
+  return split;
+}
+
+Inputs as_batch(const Inputs& in, int64_t length) {
+  const int64_t n = in.varlen.num_seqs;
+  Inputs batched = in;
+  batched.varlen = Varlen{};
+  batched.shape.batch = n;
+  batched.shape.seqlen = length;
+  for (TensorRef* t : {&batched.q, &batched.k, &batched.v, &batched.g, &batched.beta}) *t = split_token_axis(*t, n, length);
+  return batched;
+}
+
 int32_t num_sms() {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -170,9 +199,14 @@ cudaError_t launch_variant(kern::ElemKind elem, kern::InverseKind inverse, Launc
 
 Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                             cudaStream_t stream) {
+  kern::ForwardParams grouped = p;
+  if (const char* forced = std::getenv("FLASHGDN_INVERSE_HEADS"); forced != nullptr && *forced != '\0') {
+    const std::string heads = forced;
+    grouped.inverse_heads_per_cta = heads == "1" ? 1 : heads == "2" ? 2 : heads == "4" ? 4 : 99;  // 99: fails
+  }
   return cuda_status(launch_variant(elem, inverse,
                                     [&]<kern::ElemKind E, kern::InverseKind I>() {
-                                      return kern::launch_chunk_inverse<E, I>(p, stream);
+                                      return kern::launch_chunk_inverse<E, I>(grouped, stream);
                                     }),
                      "chunk_inverse");
 }

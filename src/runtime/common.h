@@ -20,6 +20,18 @@ Status cuda_status(cudaError_t err, const char* what);
 // Upper bound on the chunks of the problem (exact in batch mode and with a host cu_seqlens).
 int64_t chunk_bound(const Inputs& in);
 
+// Equal-length packed sequences run as batch mode: a varlen call whose host copy of cu_seqlens shows
+// N sequences of one length L > 0 filling the token axis (cu_seqlens[i] = i L, N L = seqlen) is
+// batch mode B = N, T = L. Tokens, outputs and every per-sequence row (states, pool slots,
+// checkpoints, token states) are numbered alike in both modes, and batch mode needs no device table
+// of chunk offsets (item_offsets, a kernel at the head of every varlen call's launch chain).
+// uniform_sequence_length: L for such a call, else 0 (also without a host copy).
+int64_t uniform_sequence_length(const Inputs& in);
+// t, a (1, N L, ...) tensor, viewed as (N, L, ...): the token axis split into N entries.
+TensorRef split_token_axis(const TensorRef& t, int64_t batch, int64_t length);
+// in as batch mode (q, k, v, g, beta split; varlen dropped) for length = uniform_sequence_length(in) > 0.
+Inputs as_batch(const Inputs& in, int64_t length);
+
 // Varlen mode: whether tokens past cu_seqlens[N] may exist (their outputs are zeroed by a padding
 // kernel); false only when the host copy of cu_seqlens shows the sequences fill every token.
 bool may_have_padding(const Inputs& in);
@@ -61,7 +73,10 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
 
 namespace flashgdn::detail {
 
-// The (elem, inverse storage) variant of chunk_inverse / fused_forward.
+// The (elem, inverse storage) variant of chunk_inverse / fused_forward. The chunk inverse's v-heads
+// a CTA are the launcher's choice (ChunkInverse::heads_per_cta) unless the environment variable
+// FLASHGDN_INVERSE_HEADS forces 1, 2 or 4 (read at every call, for measurements; any other value
+// fails the launch with an invalid-argument error).
 Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                             cudaStream_t stream);
 Status launch_fused_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,

@@ -58,6 +58,17 @@ int64_t segment_count(const Inputs& in, const std::optional<std::vector<int64_t>
   return segments;
 }
 
+// The problem as forward_layout and forward_with run it: equal-length packed sequences as batch mode
+// (uniform_sequence_length; o split like the inputs), every other problem as given.
+ForwardProblem batch_view(const ForwardProblem& problem) {
+  const int64_t length = uniform_sequence_length(problem.in);
+  if (length == 0) return problem;
+  ForwardProblem batched = problem;
+  batched.in = as_batch(problem.in, length);
+  batched.o = split_token_axis(problem.o, problem.in.varlen.num_seqs, length);
+  return batched;
+}
+
 }  // namespace
 
 double resident_items(const Inputs& in) {
@@ -202,7 +213,8 @@ bool use_recurrent_decode(const ForwardProblem& problem) {
   return true;
 }
 
-ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse) {
+ForwardLayout forward_layout(const ForwardProblem& given, kern::InverseKind inverse) {
+  const ForwardProblem problem = batch_view(given);
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
   ForwardLayout layout;
@@ -233,9 +245,10 @@ ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind in
   return layout;
 }
 
-Status forward_with(const ForwardProblem& problem, const ForwardVariant& variant, void* workspace,
+Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, void* workspace,
                     std::size_t workspace_bytes, cudaStream_t stream) {
-  if (auto s = validate_forward(problem, Target::kDevice); !s.ok()) return s;
+  if (auto s = validate_forward(given, Target::kDevice); !s.ok()) return s;
+  const ForwardProblem problem = batch_view(given);
   if (variant.v_split < 0 || variant.v_split > 2)
     return {StatusCode::kInvalidArgument, "v_split: must be 0 (automatic), 1 or 2"};
   if (variant.kernel < FusedKernel::kAuto || variant.kernel > FusedKernel::kInverseInside)

@@ -105,6 +105,8 @@ struct ForwardLayout {
   std::size_t bytes = 0;
 };
 
+// The workspace plan of the problem as forward_with runs it (equal-length packed sequences as batch
+// mode: uniform_sequence_length in common.h).
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);
 
 // Variants that measurements and tests pin (the public entry points use the defaults).

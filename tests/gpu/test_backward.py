@@ -169,6 +169,39 @@ def test_varlen_with_padding(seed, index_dtype, host_copy):
     assert_padding_zero(grads, int(cu[-1]))
 
 
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_equal_lengths_run_as_batch(seed, context_parallel):
+    """N packed sequences of one length with a host copy of cu_seqlens run as batch mode: no
+    item_offsets launch, every gradient bitwise that of the batch call on the same memory, and
+    within tolerance of the oracle (test_forward.py's twin; CP forced on covers the segment tables)."""
+    N, L = 3, 320
+    x = make_inputs(1, N * L, 2, 4, regime="model", N=N)
+    cu = torch.arange(0, N * L + 1, L, dtype=torch.int32, device="cuda")
+    do, dht = upstream(x)
+
+    def run(inputs, d_o, cu_seqlens, cu_cpu):
+        grads = poisoned_grads(inputs)
+        backward_into(*(grads[n] for n in GRADS), *(inputs[n] for n in ("q", "k", "v", "g", "beta")), d_o, dht,
+                      inputs["initial_state"], cu_seqlens, 128 ** -0.5, cu_seqlens_cpu=cu_cpu,
+                      context_parallel=context_parallel, cp_segment_chunks=2)
+        return grads
+
+    result = {}
+    names = kernels_launched(lambda: result.update(packed=run(x, do, cu, cu.cpu())))
+    assert not any("item_offsets" in n for n in names), f"equal lengths with a host copy launched {names}"
+    grads = result["packed"]
+    check(x, grads, do, dht, cu_seqlens=cu)
+
+    def split(t):
+        return t.view(N, t.shape[1] // N, *t.shape[2:])
+
+    batched = {n: (split(t) if n != "initial_state" else t) for n, t in x.items()}
+    grads_batch = run(batched, split(do), None, None)
+    for name in GRADS:
+        got, want = grads[name], grads_batch[name]
+        assert torch.equal(split(got) if name != "dh0" else got, want), f"{name} differs from the batch call"
+
+
 @pytest.mark.parametrize("l2norm", [False, True])
 def test_one_v_head_per_qk_head(seed, l2norm):
     """Hv == Hqk: without the L2 norm the fused kernel writes dq, dk directly (no fp32 round trip),

@@ -95,6 +95,74 @@ def test_many_sequences(seed):
     check(x, o, final, cu_seqlens=cu)
 
 
+def kernels_launched(fn):
+    """Names of the CUDA kernels fn() launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def as_batch(t, N):
+    """A packed (1, N L, ...) tensor viewed as (N, L, ...)."""
+    return t.view(N, t.shape[1] // N, *t.shape[2:])
+
+
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_equal_lengths_run_as_batch(seed, context_parallel):
+    """N packed sequences of one length with a host copy of cu_seqlens run as batch mode
+    (runtime/common.h uniform_sequence_length): no item_offsets launch, o and the final states
+    bitwise those of the batch call on the same memory, and within tolerance of the oracle. Without
+    the host copy, or with one sequence shorter, the varlen path keeps its chunk table. CP forced on
+    (2 chunks a segment) covers the segment tables too."""
+    N, L = 3, 320
+    x = make_inputs(1, N * L, 2, 4, regime="model", N=N)
+    cu = torch.arange(0, N * L + 1, L, dtype=torch.int32, device="cuda")
+    Hv = x["v"].shape[2]
+
+    def run(cu_seqlens, cu_cpu, inputs):
+        o = torch.full_like(inputs["v"], float("nan"))
+        final = torch.full((N, Hv, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"],
+                     inputs["initial_state"], cu_seqlens, 128 ** -0.5, cu_seqlens_cpu=cu_cpu,
+                     context_parallel=context_parallel, cp_segment_chunks=2)
+        return o, final
+
+    result = {}
+    names = kernels_launched(lambda: result.update(packed=run(cu, cu.cpu(), x)))
+    assert not any("item_offsets" in n for n in names), f"equal lengths with a host copy launched {names}"
+    o, final = result["packed"]
+    check(x, o, final, cu_seqlens=cu)
+    batched = {n: (as_batch(t, N) if n != "initial_state" else t) for n, t in x.items()}
+    o_batch, final_batch = run(None, None, batched)
+    assert torch.equal(as_batch(o, N), o_batch) and torch.equal(final, final_batch), "differs from the batch call"
+
+    names = kernels_launched(lambda: result.update(device_only=run(cu, None, x)))
+    assert any("item_offsets" in n for n in names), "without a host copy the chunk table is needed"
+    check(x, *result["device_only"], cu_seqlens=cu)
+    uneven = cu.clone()
+    uneven[-2] -= 1  # one sequence a token shorter, the next one longer
+    names = kernels_launched(lambda: result.update(uneven=run(uneven, uneven.cpu(), x)))
+    assert any("item_offsets" in n for n in names), "unequal lengths need the chunk table"
+    check(x, *result["uneven"], cu_seqlens=uneven)
+
+
+@pytest.mark.parametrize("heads", ["1", "2", "4"])
+def test_inverse_heads_override(seed, monkeypatch, heads):
+    """FLASHGDN_INVERSE_HEADS (measurements) sets the chunk inverse's v-heads a CTA: each forced
+    grouping gives the oracle's result on a GQA shape (4 v-heads a q/k head, varlen with a partial
+    chunk); a value other than 1, 2 or 4 fails the call."""
+    lengths = [300, 1, 200]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths), 2, 8, regime="model", N=len(lengths))
+    monkeypatch.setenv("FLASHGDN_INVERSE_HEADS", heads)
+    o, final = run_poisoned(x, cu_seqlens=cu)
+    check(x, o, final, cu_seqlens=cu)
+    monkeypatch.setenv("FLASHGDN_INVERSE_HEADS", "3")
+    with pytest.raises(RuntimeError, match="chunk_inverse"):
+        run_poisoned(x, cu_seqlens=cu)
+
+
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 127, 129])
 def test_short_lengths(seed, T):
     x = make_inputs(3, T, 1, 2, regime="model")

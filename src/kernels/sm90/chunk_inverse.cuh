@@ -2,7 +2,7 @@
 //
 // Grid  (max_chunks, Hqk x ceil((Hv / Hqk) / heads per CTA)); block 256 threads (8 warps): one CTA
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
-// once for them (fewer where that would leave the grid under one wave: heads_per_cta).
+// once for them (fewer where the grid would have under 2 CTAs a SM: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
 // Shared memory (43 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16
 // (padded rows), sharing its bytes with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile:
@@ -77,14 +77,16 @@ struct ChunkInverse {
     const int hk = blockIdx.y / groups, first = (blockIdx.y % groups) * p.inverse_heads_per_cta;
     return {hk, hk * per_qk + first, min(p.inverse_heads_per_cta, per_qk - first)};
   }
-  // Heads per CTA: up to kMaxHeadsPerCta (K's load and K K^T shared), halved while the grid would not
-  // fill one wave of `slots` resident CTAs (a short grid's time is one CTA's chain, which grows with
-  // its heads).
-  static int heads_per_cta(const ForwardParams& p, int64_t slots) {
+  // Heads per CTA: up to kMaxHeadsPerCta (K's load and K K^T shared), halved while the grid has fewer
+  // than `min_ctas` CTAs (the launcher: 2 a SM). Measured on the H200 (session 21, forced 1 / 2 / 4):
+  // (2,8) 8 x 1024 20.1 / 15.8 / 17.5 us (256 CTAs of 4 heads leave SMs idle), (4,16) 4 x 2048
+  // 36.5 / 29.2 / 25.7, (2,8) 1 x 32768 69.8 / 55.5 / 47.5: more heads a CTA win as long as the grid
+  // has ~2 CTAs a SM, even where fewer heads would make a whole wave of 5 a SM.
+  static int heads_per_cta(const ForwardParams& p, int64_t min_ctas) {
     const int per_qk = p.num_v_heads / p.num_qk_heads;
     int heads = per_qk < kMaxHeadsPerCta ? per_qk : kMaxHeadsPerCta;
     const auto ctas = [&](int h) { return p.max_chunks * p.num_qk_heads * ((per_qk + h - 1) / h); };
-    while (heads > 1 && ctas(heads) < slots) heads /= 2;
+    while (heads > 1 && ctas(heads) < min_ctas) heads /= 2;
     return heads;
   }
 

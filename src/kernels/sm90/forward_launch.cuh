@@ -31,15 +31,11 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
     return err;
-  int device = 0, sms = 0, per_sm = 0;
+  int device = 0, sms = 0;
   if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
-  if (auto err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, smem);
-      err != cudaSuccess)
-    return err;
   ForwardParams grouped = p;
-  if (p.inverse_heads_per_cta <= 0)
-    grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, static_cast<int64_t>(sms) * per_sm);
+  if (p.inverse_heads_per_cta <= 0) grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, 2 * static_cast<int64_t>(sms));
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(grouped));
