@@ -102,11 +102,12 @@ kern::ElemKind elem_kind(const Inputs& in) {
   return in.q.dtype == DType::kBF16 ? kern::ElemKind::kBF16 : kern::ElemKind::kF16;
 }
 
-InputLayout input_layout(const Inputs& in) {
+InputLayout input_layout(const Inputs& in, bool chunk_table) {
   const Shape& s = in.shape;
   InputLayout layout;
   std::size_t offset = 0;
-  if (in.varlen.present()) {
+  layout.chunk_table = in.varlen.present() && chunk_table;
+  if (layout.chunk_table) {
     layout.chunk_offsets = offset;
     offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
   }
@@ -168,9 +169,9 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
   p.scale = in.effective_scale();
   p.cu_seqlens = in.varlen.cu_seqlens;
   p.cu_seqlens_is_i64 = in.varlen.dtype == DType::kI64;
-  p.chunk_offsets = in.varlen.present() ? reinterpret_cast<int32_t*>(ws + layout.chunk_offsets) : nullptr;
+  p.chunk_offsets = layout.chunk_table ? reinterpret_cast<int32_t*>(ws + layout.chunk_offsets) : nullptr;
   p.max_chunks = chunk_bound(in);
-  if (in.varlen.present())
+  if (layout.chunk_table)
     return cuda_status(kern::launch_chunk_offsets(p, segment_offsets, segment_chunks, stream), "chunk_offsets");
   return {};
 }

@@ -55,15 +55,18 @@ kern::ElemKind elem_kind(const Inputs& in);
 
 // Workspace regions every launch sequence has; offsets from the start of the workspace.
 struct InputLayout {
-  std::size_t chunk_offsets = 0;  // int32 [N + 1], varlen only
+  bool chunk_table = false;       // varlen calls whose kernels need the chunk table (all but decode)
+  std::size_t chunk_offsets = 0;  // int32 [N + 1], with chunk_table only
   std::size_t q_normalized = 0;   // [B, T, Hqk, 128], with use_qk_l2norm_in_kernel only
   std::size_t k_normalized = 0;
   std::size_t end = 0;            // first byte after them
 };
-InputLayout input_layout(const Inputs& in);
+// chunk_table: whether the call's kernels locate chunks (false for the recurrent decode, which reads
+// cu_seqlens directly): a varlen call builds the table only then.
+InputLayout input_layout(const Inputs& in, bool chunk_table = true);
 
 // The input side of p: q, k (L2-normalised into the workspace when asked, launching l2norm_rows),
-// v, g, beta, initial_state, problem sizes, varlen tables (launching chunk_offsets; with
+// v, g, beta, initial_state, problem sizes, varlen tables (with layout.chunk_table, launching chunk_offsets; with
 // segment_offsets, a varlen CP call's segment table of segment_chunks-chunk segments in the same
 // launch: bind_cp then only binds it).
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* workspace, cudaStream_t stream,

@@ -5,7 +5,8 @@
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   (short sequences, use_recurrent_decode: recurrent_decode and [zero_padding] only)
 //   [chunk_offsets]    only in varlen mode: first global chunk of each sequence (with CP also the
-//                      first segment of each sequence, in the same launch)
+//                      first segment of each sequence, in the same launch); none where the host copy
+//                      of cu_seqlens shows equal lengths filling the token axis (batch_view)
 //   chunk_inverse      A_r per (chunk, v-head) into the workspace
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
 //     cp_windows, fused_forward (state pass), cp_correction
@@ -218,10 +219,10 @@ ForwardLayout forward_layout(const ForwardProblem& given, kern::InverseKind inve
   const Inputs& in = problem.in;
   const Shape& s = in.shape;
   ForwardLayout layout;
-  layout.inputs = input_layout(in);
-  std::size_t offset = layout.inputs.end;
   const bool shard = problem.shard_phase != ShardPhase::kNone;
   layout.decode = !shard && use_recurrent_decode(problem);
+  layout.inputs = input_layout(in, !layout.decode);  // the recurrent decode needs no chunk table
+  std::size_t offset = layout.inputs.end;
   if (layout.decode) {
     layout.bytes = offset;
     return layout;

@@ -394,6 +394,19 @@ def test_recurrent_decode(seed, case):
     check(x, o, final, l2norm=l2norm, state_v_first=vk)
 
 
+def test_varlen_decode_builds_no_chunk_table(seed):
+    """A varlen decode step (uneven lengths 1-5 tokens, device offsets only) launches the recurrent
+    kernel and no item_offsets (the chunk table serves the chunked kernels only), and matches the oracle."""
+    lengths = [1, 3, 5, 2, 1, 4]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths), 2, 4, regime="model", N=len(lengths))
+    result = {}
+    names = kernels_launched(lambda: result.update(out=run_poisoned(x, cu_seqlens=cu)))
+    assert any("recurrent_decode" in n for n in names), f"expected the recurrent kernel, launched {names}"
+    assert not any("item_offsets" in n for n in names), f"the decode path built a chunk table: {names}"
+    check(x, *result["out"], cu_seqlens=cu)
+
+
 def test_decode_token_states(seed):
     """A speculative step of 4 tokens per sequence keeps the state after every token (rollback)."""
     x = make_inputs(3, 4, 2, 4, regime="model")
