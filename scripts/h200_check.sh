@@ -192,7 +192,8 @@ fi
 
 if [ -z "${SKIP_TESTS:-}" ] && [ -n "${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels}" ]; then
   # a short first run of the newest kernels: a hang costs 120 s, not the whole suite's timeout
-  timeout 120 python3 -m pytest ${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels} -q -rfE -s >"$OUT/pytest_smoke.log" 2>&1
+  eval "smoke_args=(${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels})"  # shell quoting kept: -k 'a and b'
+  timeout 120 python3 -m pytest "${smoke_args[@]}" -q -rfE -s >"$OUT/pytest_smoke.log" 2>&1
   smoke=$?
   note "pytest smoke rc=$smoke (124: hung): $(tail -1 "$OUT/pytest_smoke.log")"
   grep -E "^FAILED|^ERROR" "$OUT/pytest_smoke.log" | head -10
@@ -203,7 +204,8 @@ if [ -z "${SKIP_TESTS:-}" ] && [ -n "${PYTEST_SMOKE-tests/gpu/test_forward.py -k
   fi
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest ${PYTEST_ARGS:-tests/gpu} -q -rfE -s \
+  eval "pytest_args=(${PYTEST_ARGS:-tests/gpu})"  # shell quoting kept (session 21: -k '...' was split into words)
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest "${pytest_args[@]}" -q -rfE -s \
     --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
   note "pytest rc=$? (124: stopped by PYTEST_TIMEOUT): $(tail -1 "$OUT/pytest.log")"
   grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
