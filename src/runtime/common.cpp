@@ -202,8 +202,10 @@ Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, k
                             cudaStream_t stream) {
   kern::ForwardParams grouped = p;
   if (const char* forced = std::getenv("FLASHGDN_INVERSE_HEADS"); forced != nullptr && *forced != '\0') {
-    const std::string heads = forced;
-    grouped.inverse_heads_per_cta = heads == "1" ? 1 : heads == "2" ? 2 : heads == "4" ? 4 : 99;  // 99: fails
+    grouped.inverse_heads_per_cta = std::strcmp(forced, "1") == 0   ? 1
+                                    : std::strcmp(forced, "2") == 0 ? 2
+                                    : std::strcmp(forced, "4") == 0 ? 4
+                                                                    : 99;  // over kMaxHeadsPerCta: the launch fails
   }
   return cuda_status(launch_variant(elem, inverse,
                                     [&]<kern::ElemKind E, kern::InverseKind I>() {
