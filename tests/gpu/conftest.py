@@ -64,3 +64,16 @@ def make_inputs(B, T, Hqk, Hv, regime="weak", dtype=torch.bfloat16, device="cuda
     N = B if N is None else N
     h0 = torch.randn(N, Hv, K, V, device=device) if initial_state else None
     return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta, initial_state=h0)
+
+
+def kernels_launched(fn):
+    """Names of the CUDA kernels fn() launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def as_batch(t, N):
+    """A packed (1, N L, ...) tensor viewed as (N, L, ...)."""
+    return t.view(N, t.shape[1] // N, *t.shape[2:])

@@ -9,7 +9,7 @@ import flashgdn
 from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import backward_into
 
-from conftest import REGIMES, make_inputs
+from conftest import REGIMES, as_batch, kernels_launched, make_inputs
 from oracle import backward_f64, rel_l2
 
 INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
@@ -127,14 +127,6 @@ def test_grouped_heads(seed, ratio):
     check(x, grads, do, dht)
 
 
-def kernels_launched(fn):
-    """Names of the CUDA kernels fn() launches (torch.profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-
-
 @pytest.mark.parametrize("ratio", [2, 3, 4])
 def test_group_sums(seed, ratio):
     """Where a q/k head's chunks fill the SMs (47 chunks x 4 q/k heads here), the gradient pass sums
@@ -192,14 +184,11 @@ def test_equal_lengths_run_as_batch(seed, context_parallel):
     grads = result["packed"]
     check(x, grads, do, dht, cu_seqlens=cu)
 
-    def split(t):
-        return t.view(N, t.shape[1] // N, *t.shape[2:])
-
-    batched = {n: (split(t) if n != "initial_state" else t) for n, t in x.items()}
-    grads_batch = run(batched, split(do), None, None)
+    batched = {n: (as_batch(t, N) if n != "initial_state" else t) for n, t in x.items()}
+    grads_batch = run(batched, as_batch(do, N), None, None)
     for name in GRADS:
         got, want = grads[name], grads_batch[name]
-        assert torch.equal(split(got) if name != "dh0" else got, want), f"{name} differs from the batch call"
+        assert torch.equal(as_batch(got, N) if name != "dh0" else got, want), f"{name} differs from the batch call"
 
 
 @pytest.mark.parametrize("l2norm", [False, True])

@@ -8,7 +8,7 @@ import flashgdn
 from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import forward_into
 
-from conftest import REGIMES, make_inputs
+from conftest import REGIMES, as_batch, kernels_launched, make_inputs
 from oracle import forward_f64, rel_l2
 
 O_TOL = 5e-3
@@ -93,19 +93,6 @@ def test_many_sequences(seed):
     x = make_inputs(1, int(cu[-1]), 1, 2, regime="weak", N=2000)
     o, final = run_poisoned(x, cu_seqlens=cu)
     check(x, o, final, cu_seqlens=cu)
-
-
-def kernels_launched(fn):
-    """Names of the CUDA kernels fn() launches (torch.profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-
-
-def as_batch(t, N):
-    """A packed (1, N L, ...) tensor viewed as (N, L, ...)."""
-    return t.view(N, t.shape[1] // N, *t.shape[2:])
 
 
 @pytest.mark.parametrize("context_parallel", [1, 2])
