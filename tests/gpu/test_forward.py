@@ -382,9 +382,9 @@ def test_recurrent_decode(seed, case):
 
 
 def test_varlen_decode_builds_no_chunk_table(seed):
-    """A varlen decode step (uneven lengths 1-5 tokens, device offsets only) launches the recurrent
+    """A varlen decode step (uneven lengths 0-5 tokens, device offsets only) launches the recurrent
     kernel and no item_offsets (the chunk table serves the chunked kernels only), and matches the oracle."""
-    lengths = [1, 3, 5, 2, 1, 4]
+    lengths = [1, 3, 0, 5, 2, 1, 4]  # an empty sequence too: its final state is its initial one
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     x = make_inputs(1, sum(lengths), 2, 4, regime="model", N=len(lengths))
     result = {}
@@ -412,18 +412,22 @@ def test_decode_token_states(seed):
                      0.1, token_states=torch.empty(100, 4, 128, 128, device="cuda"))
 
 
-@pytest.mark.parametrize("path", ["chunked", "cp", "decode"])
+@pytest.mark.parametrize("path", ["chunked", "cp", "decode", "decode_v_first"])
 def test_bf16_state_storage(seed, path):
     """States stored in bf16 (computed in fp32): read from a bf16 initial state, written to a bf16
-    final state, within the oracle tolerances (the oracle starts from the same bf16 values)."""
-    T = 3 if path == "decode" else 1500
+    final state, within the oracle tolerances (the oracle starts from the same bf16 values). The
+    V-first decode reads and writes each thread's state rows as 16-byte vectors."""
+    T = 3 if path.startswith("decode") else 1500
+    vk = path == "decode_v_first"
     x = make_inputs(2, T, 2, 4, regime="mixed")
     x["initial_state"] = x["initial_state"].bfloat16()
+    if vk:
+        x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
     final = torch.full(x["initial_state"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     o = torch.full_like(x["v"], float("nan"))
     forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
-                 False, False, False, None, 2 if path == "cp" else 1, 4)
-    check(x, o, final.float())
+                 False, vk, False, None, 2 if path == "cp" else 1, 4)
+    check(x, o, final.float(), state_v_first=vk)
 
 
 def test_repeatable(seed):
