@@ -3,8 +3,8 @@
 //   item_offsets    one block: exclusive prefix sum over the sequences of their chunks or CP
 //                   segments (varlen)
 //   zero_padding    grid-stride: o rows of tokens past cu_seqlens[N] set to zero (varlen)
-//   chunk_gates     one warp per (chunk, v-head): the chunk's gate record (chunk_gates.cuh) for the
-//                   forward that forms A_r itself (fused_forward_inv.cuh)
+//   chunk_gates     one block per (chunk, 32 v-heads): the chunk's gate records (chunk_gates.cuh)
+//                   for the forward that forms A_r itself (fused_forward_inv.cuh)
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/chunk_gates.cuh"
@@ -100,24 +100,61 @@ __global__ void zero_padding_kernel(const ForwardParams p) {
   }
 }
 
-// Grid (max_chunks, Hv / 4), block 128: warp w writes the record of v-head 4 blockIdx.y + w.
-__global__ void chunk_gates_kernel(const ForwardParams p) {
+// Grid (max_chunks, ceil(Hv / 32)), block 256: the chunk's g and beta of 32 v-heads read row by row
+// (a token's 32 heads are contiguous where the head stride is 1: one 128-byte line a warp load, where
+// a warp a (chunk, head) touched a line a token), transposed through shared memory, then warp w
+// writes the records of heads w, w + 8, w + 16, w + 24 of the block.
+constexpr int kGateHeads = 32, kGateThreads = 256;
+__global__ void __launch_bounds__(kGateThreads) chunk_gates_kernel(const ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
-  const int h = 4 * blockIdx.y + threadIdx.x / 32;
+  __shared__ float g_rows[kGateHeads][kChunk + 1], beta_rows[kGateHeads][kChunk + 1];  // [head][row]
   ChunkLocation where;
-  if (h >= p.num_v_heads || !locate_chunk(p, blockIdx.x, where)) return;
-  const ChunkGates gates = fetch_chunk_gates(p, where.seq.batch, where.first_token, where.rows, h);
-  float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
-  store_chunk_gates(record, record + kChunk, gates);
+  if (!locate_chunk(p, blockIdx.x, where)) return;
+  const int h0 = kGateHeads * blockIdx.y;
+  const int heads = min(kGateHeads, p.num_v_heads - h0);
+  const int64_t b = where.seq.batch;
+  constexpr int kPerThread = kChunk * kGateHeads / kGateThreads;
+  float g[kPerThread], beta[kPerThread];  // all loads issued before any store
+  const int head = threadIdx.x % kGateHeads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int row = (threadIdx.x + kGateThreads * i) / kGateHeads;
+    g[i] = beta[i] = 0.f;
+    if (row < where.rows && head < heads) {
+      const int64_t t = where.first_token + row;
+      g[i] = p.g[b * p.g_strides.batch + t * p.g_strides.token + (h0 + head) * p.g_strides.head];
+      beta[i] = load_beta(p, b, t, h0 + head);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int row = (threadIdx.x + kGateThreads * i) / kGateHeads;
+    g_rows[head][row] = g[i];
+    beta_rows[head][row] = beta[i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (int h = threadIdx.x / 32; h < heads; h += kGateThreads / 32) {
+    ChunkGates gates;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      gates.g[i] = kLog2e * g_rows[h][2 * lane + i];
+      gates.beta[i] = beta_rows[h][2 * lane + i];
+    }
+    float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h0 + h) * 2 * kChunk;
+    store_chunk_gates(record, record + kChunk, gates);
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream) {
   if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
-  return launch_kernel(chunk_gates_kernel, dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + 3) / 4), 128, 0,
-                       stream, p);
+  return launch_kernel(chunk_gates_kernel,
+                       dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + kGateHeads - 1) / kGateHeads),
+                       kGateThreads,
+                       0, stream, p);
 }
 
 template <ElemKind E>
