@@ -292,6 +292,21 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
                          kernel=kernel)
 
 
+def test_inverse_inside_many_heads(seed):
+    """v5's gate records (chunk_gates_kernel: blocks of 32 v-heads) with 40 v-heads, so the second
+    block holds 8, on varlen sequences with partial chunks and NaN past the last one."""
+    lengths = [100, 64, 1, 130]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    x = make_inputs(1, sum(lengths) + 5, 8, 40, regime="mixed", N=len(lengths))
+    for name in ("q", "k", "v", "g", "beta"):
+        x[name][:, sum(lengths):] = float("nan")
+    o = torch.full_like(x["v"], float("nan"))
+    final = torch.full((len(lengths), 40, 128, 128), float("nan"), device="cuda")
+    forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, 128 ** -0.5,
+                 context_parallel=1, kernel=5)
+    check(x, o, final, cu_seqlens=cu)
+
+
 @pytest.mark.parametrize("kernel", [0, 3, 4, 5])
 @pytest.mark.parametrize("context_parallel, strided", [(1, False), (2, False), (1, True)])
 def test_state_pools(seed, context_parallel, strided, kernel):
