@@ -14,15 +14,18 @@
 // are formed by the state groups (half each), where they overlap the groups' own wgmmas.
 //
 // Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
-//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's boxes (K, Q with o, V
-//         unless zero_v: two 64-column panels each) and gate record (gcum | beta) into slot c % 2 on
-//         loaded[c % 2], chunk c+1's as soon as the state groups free its slot (v4's ring). Per chunk:
-//           wait loaded; a partial chunk's rows past its end zeroed; group barrier
+//   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's K boxes (two 64-column
+//         panels) and gate record (gcum | beta) into key stage c % 3 on keys_loaded[c % 3], and its Q
+//         (with o) and V (unless zero_v) boxes into slot c % 2 on loaded[c % 2]: once the state
+//         groups have finished chunk c-1 (free), chunk c+1's slot and chunk c+2's keys (run_aux).
+//         Per chunk:
+//           wait keys_loaded; a partial chunk's rows past its end zeroed (Q, V after loaded); group barrier
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
 //           ready[c % 2]
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
-//         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready:
+//         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready and
+//         loaded (K from key stage c % 3, Q, V from slot c % 2):
 //           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
 //           W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
 //           Ag's columns 32 g .. 32 g + 31 = G (.) X (.) 1 beta^T (X by ldmatrix) -> slot.ag, and
@@ -31,11 +34,12 @@
 //           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
 //           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
 //           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
-//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
-// Shared memory (219 KiB): slots [2] of {k, q, v [64][128]; p, ag [64][64]} (64 KiB each); o [2][64]
-// [128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta [2][64] fp32; mbarriers ready[2] (128
-// arrivals), free[2] (256), loaded[2] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
-// group g, 4 both state groups.
+//           (RS, 4), free[c % 2], o -> o (stmatrix.trans, after a group barrier: chunk c-1's copy
+//           has read it), copied out under chunk c+1's update
+// Shared memory (~220 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
+// o [64][128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta [3][64]
+// fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
+// bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"
@@ -62,8 +66,10 @@ struct FusedForwardInv {
   static constexpr int kStateBarrier = 4;  // named barrier of both state groups (256 threads)
   using Fragments = uint32_t[4];
 
+  // Chunk c's tiles: the keys (and the gate record) in key stage c % kKeyStages, which the aux group
+  // needs first, one chunk earlier than the rest (Q, V, and the state groups' P, Ag) in slot c % 2.
+  static constexpr int kKeyStages = 3;
   struct Slot {
-    alignas(1024) unsigned char k[kTokenTileBytes];
     alignas(1024) unsigned char q[kTokenTileBytes];
     alignas(1024) unsigned char v[kTokenTileBytes];
     alignas(1024) unsigned char p[Tiles::kSquareTileBytes];
@@ -71,50 +77,131 @@ struct FusedForwardInv {
   };
   struct SharedStorage {
     Slot slot[2];
-    alignas(1024) unsigned char o[2][kTokenTileBytes];
+    alignas(1024) unsigned char k[kKeyStages][kTokenTileBytes];
+    alignas(1024) unsigned char o[1][kTokenTileBytes];  // one staging tile: the third key stage's room
     Inverse::Workspace inverse;
     Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
-    alignas(16) float gcum[2][kChunk];
-    alignas(16) float beta[2][kChunk];
+    alignas(16) float gcum[kKeyStages][kChunk];
+    alignas(16) float beta[kKeyStages][kChunk];
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
-    alignas(8) uint64_t loaded[2];
+    alignas(8) uint64_t loaded[2];                  // slot c % 2: Q, V
+    alignas(8) uint64_t keys_loaded[kKeyStages];    // key stage c % 3: K, gate record
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
   // ---- aux group ------------------------------------------------------------------------------
 
-  // K K^T of the slot's keys (m64n64 accumulator, wgmma.cuh layout).
-  static __device__ __forceinline__ void product_kk(const Slot& slot, Acc& kk) {
+  // K K^T of a chunk's keys (m64n64 accumulator, wgmma.cuh layout).
+  static __device__ __forceinline__ void product_kk(const unsigned char* k, Acc& kk) {
     wg::fence();
 #pragma unroll
     for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(slot.k, k0, kChunk),
-                                                 wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
+      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(k, k0, kChunk),
+                                                 wg::descriptor<Major::kK>(k, k0, kChunk), k0 > 0);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(kk);
   }
 
-  // Per chunk on v4's ring (FusedForwardRs::aux_loop, no Ag loaded): K K^T, L, X into x[c % 2]
-  // (chunk c-2's Ag was formed from it before the state groups freed this slot, which the loads just
-  // waited for came after).
+  // Thread 0 issues chunk c's keys and gate record into key stage c % 3 on keys_loaded and its Q
+  // (with o) and V (unless zero_v) into slot c % 2 on loaded: chunks 0 and 1's keys and chunk 0's
+  // slot up front; after chunk c's ready, once the state groups have finished chunk c-1 (free), chunk
+  // c+1's slot and chunk c+2's keys (stage (c+2) % 3 held chunk c-1's). So the aux group, which needs
+  // only the keys, finds chunk c+1's landed when it gets there, where with one ring it waited for
+  // them (~1.4k cycles a chunk at d96055b) while the state groups waited for it. Per chunk:
+  //   wait keys_loaded; a partial chunk's rows past its end zeroed (Q and V's after loaded); group
+  //   barrier; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the whole group waited
+  //   for free of chunk c-2 at the end of chunk c-1); ready.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
-    Rs::template aux_loop<false>(p, maps, s, with_o, hk, h,
-                                 [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
-                                 [&](int64_t c, int buf, auto&&) {
+    timeline_mark(p, 0, 0, 10);
+    if (threadIdx.x == 0) {  // the descriptors' fetch under the work item's lookups
+      tma::prefetch_map(&maps.k);
+      if (with_o) tma::prefetch_map(&maps.q);
+      tma::prefetch_map(&maps.v);
+    }
+    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);
+    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int b = static_cast<int>(item.batch);
+    const bool load_v = !item.zero_v;
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 2; ++i) tma::barrier_init(&s.loaded[i], 1);
+      for (int i = 0; i < kKeyStages; ++i) tma::barrier_init(&s.keys_loaded[i], 1);
+      tma::fence_barrier_init();
+    }
+    if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
+      for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
+    Aux::group_sync(Aux::kAuxBarrier);
+
+    constexpr uint32_t kGateBytes = kChunk * sizeof(float);
+    const uint32_t slot_bytes = kPanelBytes * ((with_o ? 2 : 0) + (load_v ? 2 : 0));
+    auto issue_keys = [&](int64_t c) {  // thread 0
+      const int stage = static_cast<int>(c % kKeyStages), t0 = static_cast<int>(item.bos + c * kChunk);
+      uint64_t* landed = &s.keys_loaded[stage];
+      const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
+      tma::arrive_expect_bytes(landed, 2 * kPanelBytes + 2 * kGateBytes);
+      tma::load_bulk(s.gcum[stage], record, kGateBytes, landed);
+      tma::load_bulk(s.beta[stage], record + kChunk, kGateBytes, landed);
+      for (int panel = 0; panel < 2; ++panel)
+        tma::load_4d(s.k[stage] + panel * kPanelBytes, &maps.k, landed, 64 * panel, hk, t0, b);
+    };
+    auto issue_slot = [&](int64_t c) {  // thread 0
+      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + c * kChunk);
+      uint64_t* landed = &s.loaded[buf];
+      tma::arrive_expect_bytes(landed, slot_bytes);
+      for (int panel = 0; panel < 2; ++panel) {
+        if (with_o) tma::load_4d(s.slot[buf].q + panel * kPanelBytes, &maps.q, landed, 64 * panel, hk, t0, b);
+        if (load_v) tma::load_4d(s.slot[buf].v + panel * kPanelBytes, &maps.v, landed, 64 * panel, h, t0, b);
+      }
+    };
+    timeline_mark(p, 0, 1, 10);
+    if (fused_forward_starts_early(p)) wait_for_previous_grid();  // the gate records
+    if (threadIdx.x == 0)
+      for (int64_t c = 0; c < num_chunks && c < 2; ++c) {
+        issue_keys(c);
+        if (c == 0) issue_slot(0);
+      }
+    timeline_mark(p, 0, 1, 11);
+#pragma unroll 1
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int buf = static_cast<int>(c & 1), stage = static_cast<int>(c % kKeyStages);
+      const int rows = Aux::chunk_rows(item, c);
+      timeline_mark(p, 0, c, 0);
+      timeline_mark(p, 0, c, 1);
+      tma::wait(&s.keys_loaded[stage], static_cast<uint32_t>((c / kKeyStages) & 1));
+      if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
+        Rs::zero_rows(s.k[stage], 2, rows);
+        tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
+        if (with_o) Rs::zero_rows(s.slot[buf].q, 2, rows);
+        if (load_v) Rs::zero_rows(s.slot[buf].v, 2, rows);
+        wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas
+        Aux::group_sync(Aux::kAuxBarrier);
+      }
+      timeline_mark(p, 0, c, 2);
       {
         Acc kk;
-        product_kk(s.slot[buf], kk);
+        product_kk(s.k[stage], kk);
         timeline_mark(p, 0, c, 3);
-        Inverse::store_l(s.inverse, kk, s.beta[buf]);
+        Inverse::store_l(s.inverse, kk, s.beta[stage]);
       }
       timeline_mark(p, 0, c, 4);
-      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier, [&](int stage) { timeline_mark(p, 0, c, 8 + stage); });
+      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier, [&](int step) { timeline_mark(p, 0, c, 8 + step); });
       timeline_mark(p, 0, c, 5);
-      // X is read by ldmatrix (no proxy fence); chunk c+1's loads go out after ready
-    });
+      // X is read by ldmatrix (no proxy fence)
+      tma::arrive(&s.ready[buf]);
+      timeline_mark(p, 0, c, 7);
+      if (c + 1 < num_chunks) {
+        // The whole group waits: chunk c+1's X goes into x[(c-1) % 2], which chunk c-1's Ag was formed from.
+        if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
+        if (threadIdx.x == 0) {
+          issue_slot(c + 1);
+          if (c + 2 < num_chunks) issue_keys(c + 2);
+        }
+      }
+      __syncwarp();
+    }
+    timeline_mark(p, 0, 0, 11);
   }
 
   // ---- state groups ---------------------------------------------------------------------------
@@ -203,8 +290,10 @@ struct FusedForwardInv {
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = Rs::wait_ready(p, s.ready, c);
+      const int buf = Rs::wait_ready(p, s.ready, c), stage = static_cast<int>(c % kKeyStages);
+      tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));  // Q, V (the keys: before ready)
       const Slot& slot = s.slot[buf];
+      const unsigned char* k = s.k[stage];
 
       // U^T = S^T K^T and QS^T = S^T Q^T (both done before W: S^T's fragments stay pinned while a
       // product reading them runs, and beside W they would not fit).
@@ -212,14 +301,14 @@ struct FusedForwardInv {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(slot.k, 16 * ks, kChunk), ks > 0);
+        wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(k, 16 * ks, kChunk), ks > 0);
       if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 7);
-      const float* gcum = s.gcum[buf];
+      const float* gcum = s.gcum[stage];
       Acc vd;
       PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
       {
@@ -228,7 +317,7 @@ struct FusedForwardInv {
         timeline_mark(p, 1, c, 8);
         // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
         // or U^T it spills); both halves before Vd reads Ag.
-        store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[buf], group);
+        store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[stage], group);
         timeline_mark(p, 1, c, 9);
         wg::fence_shared_to_async();
         asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
@@ -242,7 +331,7 @@ struct FusedForwardInv {
           for (int k0 = 0; k0 < kHeadDim; k0 += 16)
             wg::mma_ss<Elem, 32, Major::kK, Major::kK>(
                 qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
-                wg::descriptor<Major::kK>(slot.k + 32 * group * 128, k0, kChunk), k0 > 0);
+                wg::descriptor<Major::kK>(k + 32 * group * 128, k0, kChunk), k0 > 0);
         }
         wg::commit();
         wg::wait<0>();
@@ -254,7 +343,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
+      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
                                         vd, o, [] {
                                           if constexpr (kWithO) {
                                             wg::fence_shared_to_async();
@@ -262,7 +351,7 @@ struct FusedForwardInv {
                                           }
                                         });
     }
-    Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
+    Rs::template finish_item<kWithO, 1>(p, item, s.o, num_chunks, h, group, st);
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {

@@ -138,8 +138,8 @@ struct FusedForwardRs {
     timeline_mark(p, 0, c, 6);
   }
 
-  // The aux group's loop over its item's chunks on the TMA ring (v4 here, v5 in
-  // fused_forward_inv.cuh, the backward's dS pass in backward_ds_pass.cuh): make_item() gives the
+  // The aux group's loop over its item's chunks on the TMA ring (v4 here, the backward's dS pass in
+  // backward_ds_pass.cuh; v5 has its own, with the keys a chunk further ahead): make_item() gives the
   // item (pure, recomputed per role: v4 and v5 work_item, the dS pass its backward item); with
   // kReverse the chunks run last to first (step c of the loop is chunk n - 1 - c; "chunk c" below is
   // step c). Thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two
@@ -311,7 +311,8 @@ struct FusedForwardRs {
   }
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
-  // fused_forward_inv.cuh): the slot's K and P tiles, the o staging pair and the slot's free barrier.
+  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging (kOBuffers tiles: chunk c's in
+  // o[c % kOBuffers]) and the slot's free barrier.
   struct ChunkEnd {
     const unsigned char* k;
     const unsigned char* p;
@@ -324,8 +325,9 @@ struct FusedForwardRs {
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
   // fragments their registers would not fit); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
-  // chunk c-1's o out under them; free; S^T's fragments, o staged, the checkpoint.
-  template <bool kWithO, bool kExactUpdate, typename BeforeUpdate>
+  // chunk c-1's o out under them; free; S^T's fragments, o staged (with one o tile, after a group
+  // barrier: the group's copy of chunk c-1's o has read it), the checkpoint.
+  template <bool kWithO, bool kExactUpdate, int kOBuffers = 2, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const float* gcum, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -377,7 +379,8 @@ struct FusedForwardRs {
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
     // fit in the registers beside S^T's pinned fragments).
     timeline_mark(p, 1, c, 3);
-    if (kWithO && c > 0) Tiles::copy_out(p, at.o[(c - 1) & 1] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
+    if (kWithO && c > 0)
+      Tiles::copy_out(p, at.o[(c - 1) % kOBuffers] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
     wg::wait<0>();
     wg::fence_operand(st);
     wg::fence_operand(o);
@@ -385,23 +388,24 @@ struct FusedForwardRs {
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     to_fragments<8>(st, st_frag);
+    if constexpr (kWithO && kOBuffers == 1) Aux::group_sync(2 + group);
     if constexpr (kWithO)
-      Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
+      Tiles::template store_transposed<64>(at.o[c % kOBuffers] + group * kPanelBytes, 0,
                                            [&](int j, int e) { return p.scale * o[4 * j + e]; });
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
-    if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done
+    if constexpr (kWithO) Aux::group_sync(2 + group);  // chunk c's o written, and chunk c-1's copy done
     timeline_mark(p, 1, c, 5);
   }
 
   // After a state group's last chunk: that chunk's o, and the final state.
-  template <bool kWithO>
+  template <bool kWithO, int kOBuffers = 2>
   static __device__ __forceinline__ void finish_item(const ForwardParams& p, const WorkItem& item,
                                                      unsigned char (*o)[kTokenTileBytes], int64_t num_chunks, int h,
                                                      int group, const StateAcc& st) {
     if (kWithO && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
-      Tiles::copy_out(p, o[last & 1] + group * kPanelBytes, item.batch, t0,
+      Tiles::copy_out(p, o[last % kOBuffers] + group * kPanelBytes, item.batch, t0,
                       left < kChunk ? static_cast<int>(left) : kChunk, h, 64 * group);
     }
     // The work item again (pure): not kept in registers across the loop.
