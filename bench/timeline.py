@@ -43,7 +43,7 @@ AUX = [("wait slot free", 0, 1), ("issue loads, wait tiles, zero rows", 1, 2), (
 STATE = [("wait ready", 0, 1), ("Vd (+QS)", 1, 2), ("Vd epilogue, issue update", 2, 3), ("update (+P Vd)", 3, 4),
          ("epilogue, o, barrier", 4, 5)]
 # v5 (fused_forward_inv.cuh): the aux group forms A_r itself; its state groups take U^T and W^T before Vd^T.
-AUX_INV = [("wait slot free", 0, 1), ("issue loads, wait tiles, zero rows", 1, 2), ("K K^T", 2, 3), ("L", 3, 4),
+AUX_INV = [("wait slot free", 0, 1), ("wait keys, zero rows", 1, 2), ("K K^T", 2, 3), ("L", 3, 4),
            ("inverse: diagonal", 4, 8), ("inverse: 16->32", 8, 9), ("inverse: 32->64", 9, 5), ("ready", 5, 7)]
 STATE_INV = [("wait ready", 0, 1), ("U, QS", 1, 7), ("W", 7, 8), ("Ag half", 8, 9), ("Ag barrier", 9, 6), ("Vd, P", 6, 2),
              ("Vd epilogue, barrier, issue update", 2, 3), ("update (+P Vd)", 3, 4), ("epilogue, o, barrier", 4, 5)]
