@@ -117,9 +117,10 @@ __global__ void __launch_bounds__(kGateThreads) chunk_gates_kernel(const Forward
   constexpr int kPerThread = kChunk * kGateHeads / kGateThreads;
   float g[kPerThread], beta[kPerThread];  // all loads issued before any store
   const int head = threadIdx.x % kGateHeads;
+  const auto row_of = [](int i) { return (static_cast<int>(threadIdx.x) + kGateThreads * i) / kGateHeads; };
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int row = (threadIdx.x + kGateThreads * i) / kGateHeads;
+    const int row = row_of(i);
     g[i] = beta[i] = 0.f;
     if (row < where.rows && head < heads) {
       const int64_t t = where.first_token + row;
@@ -129,9 +130,8 @@ __global__ void __launch_bounds__(kGateThreads) chunk_gates_kernel(const Forward
   }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int row = (threadIdx.x + kGateThreads * i) / kGateHeads;
-    g_rows[head][row] = g[i];
-    beta_rows[head][row] = beta[i];
+    g_rows[head][row_of(i)] = g[i];
+    beta_rows[head][row_of(i)] = beta[i];
   }
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -153,8 +153,7 @@ cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream) {
   if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
   return launch_kernel(chunk_gates_kernel,
                        dim3(static_cast<unsigned>(p.max_chunks), (p.num_v_heads + kGateHeads - 1) / kGateHeads),
-                       kGateThreads,
-                       0, stream, p);
+                       kGateThreads, 0, stream, p);
 }
 
 template <ElemKind E>

@@ -157,11 +157,11 @@ struct FusedForwardInv {
     };
     timeline_mark(p, 0, 1, 10);
     if (fused_forward_starts_early(p)) wait_for_previous_grid();  // the gate records
-    if (threadIdx.x == 0)
-      for (int64_t c = 0; c < num_chunks && c < 2; ++c) {
-        issue_keys(c);
-        if (c == 0) issue_slot(0);
-      }
+    if (threadIdx.x == 0 && num_chunks > 0) {  // chunk 0's keys and slot, chunk 1's keys
+      issue_keys(0);
+      issue_slot(0);
+      if (num_chunks > 1) issue_keys(1);
+    }
     timeline_mark(p, 0, 1, 11);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
