@@ -20,6 +20,7 @@
 //         groups have finished chunk c-1 (free), chunk c+1's slot and chunk c+2's keys (run_aux).
 //         Per chunk:
 //           wait keys_loaded; a partial chunk's rows past its end zeroed (Q, V after loaded); group barrier
+//           the gate tables 2^gcum, 2^(gamma - gcum) (one ex2 a thread)            -> decay, rho
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
 //           ready[c % 2]
@@ -37,8 +38,8 @@
 //           (RS, 4), free[c % 2], o -> o (stmatrix.trans, after a group barrier: chunk c-1's copy
 //           has read it), copied out under chunk c+1's update
 // Shared memory (~220 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
-// o [64][128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta [3][64]
-// fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
+// o [64][128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta, decay,
+// rho [3][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
 // bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
 
@@ -83,12 +84,38 @@ struct FusedForwardInv {
     Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
     alignas(16) float gcum[kKeyStages][kChunk];
     alignas(16) float beta[kKeyStages][kChunk];
+    alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
+    alignas(16) float rho[kKeyStages][kChunk];    // 2^(gcum[63] - gcum[t])
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];                  // slot c % 2: Q, V
     alignas(8) uint64_t keys_loaded[kKeyStages];    // key stage c % 3: K, gate record
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
+
+  // A chunk's per-token gate scales as tables (Rs::finish_chunk's Gates): the aux group writes them
+  // once a chunk (write_gate_tables), so that the state groups' W and chunk end need no ex2 of their
+  // own (48 a thread a chunk, on the SFU's 16 lanes a SM, in both groups at once).
+  struct GateTables {
+    const float* gcum;
+    const float* decay_t;
+    const float* rho_t;
+    __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
+    __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
+    __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
+  };
+  static __device__ __forceinline__ GateTables gate_tables(const SharedStorage& s, int stage) {
+    return {s.gcum[stage], s.decay[stage], s.rho[stage]};
+  }
+  // Aux thread i: 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]), into key stage `stage`'s tables.
+  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int stage) {
+    const int i = threadIdx.x % 128, t = i % kChunk;
+    const float g = s.gcum[stage][t];
+    if (i < kChunk)
+      s.decay[stage][t] = exp2_approx(g);
+    else
+      s.rho[stage][t] = exp2_approx(s.gcum[stage][kChunk - 1] - g);
+  }
 
   // ---- aux group ------------------------------------------------------------------------------
 
@@ -111,7 +138,7 @@ struct FusedForwardInv {
   // only the keys, finds chunk c+1's landed when it gets there, where with one ring it waited for
   // them (~1.4k cycles a chunk at d96055b) while the state groups waited for it. Per chunk:
   //   wait keys_loaded; a partial chunk's rows past its end zeroed (Q and V's after loaded); group
-  //   barrier; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the whole group waited
+  //   barrier; the gate tables; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the whole group waited
   //   for free of chunk c-2 at the end of chunk c-1); ready.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
@@ -178,6 +205,7 @@ struct FusedForwardInv {
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas
         Aux::group_sync(Aux::kAuxBarrier);
       }
+      write_gate_tables(s, stage);  // read after ready
       timeline_mark(p, 0, c, 2);
       {
         Acc kk;
@@ -206,11 +234,12 @@ struct FusedForwardInv {
 
   // ---- state groups ---------------------------------------------------------------------------
 
-  // W^T = V^T - U^T Gamma as the A fragments of Vd^T = W^T Ag^T (k over the chunk's tokens): V^T's
+  // W^T = V^T - U^T Gamma as the A fragments of Vd^T = W^T Ag^T (k over the chunk's tokens; Gamma's
+  // diagonal from the decay table): V^T's
   // 8 x 8 blocks come transposed by ldmatrix.trans from V's panel g (rows = tokens), block (column
   // block j, row half hf) landing as this thread's accumulator pair (j, e = 2 hf): one x4 per k-step
   // holds registers q = 0..3 of it (j = 2 ks + q / 2, hf = q % 2).
-  static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* gcum, const Acc& u,
+  static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* decay, const Acc& u,
                                                      Fragments (&w)[4]) {
     const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
     const int m = lane / 8;
@@ -221,9 +250,9 @@ struct FusedForwardInv {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int j = 2 * ks + q / 2, x = 4 * j + 2 * (q % 2);
-        const float2 g = *reinterpret_cast<const float2*>(gcum + 8 * j + c_lane);
+        const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + c_lane);
         const float2 v = unpack_pair<Elem>(vt[q]);
-        w[ks][q] = pack_pair<Elem>(v.x - exp2_approx(g.x) * u[x], v.y - exp2_approx(g.y) * u[x + 1]);
+        w[ks][q] = pack_pair<Elem>(v.x - d.x * u[x], v.y - d.y * u[x + 1]);
       }
     }
   }
@@ -313,7 +342,7 @@ struct FusedForwardInv {
       PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
       {
         Fragments w[4];
-        w_fragments(slot.v + group * kPanelBytes, gcum, u, w);
+        w_fragments(slot.v + group * kPanelBytes, s.decay[stage], u, w);
         timeline_mark(p, 1, c, 8);
         // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
         // or U^T it spills); both halves before Vd reads Ag.
@@ -343,7 +372,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gcum, c, h, group, st, st_frag,
+      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h, group, st, st_frag,
                                         vd, o, [] {
                                           if constexpr (kWithO) {
                                             wg::fence_shared_to_async();

@@ -310,6 +310,22 @@ struct FusedForwardRs {
       for (int q = 0; q < 4; ++q) frag[ks][q] = pack_pair<Elem>(acc[8 * ks + 2 * q], acc[8 * ks + 2 * q + 1]);
   }
 
+  // The per-token gate scales of a chunk's end, from its gcum (log2 units): 2^gcum[t] (QS^T's columns)
+  // and rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63]. v4 takes them from
+  // gcum here (two ex2 a pair); v5 reads tables its aux group wrote (FusedForwardInv::GateTables).
+  struct GatesFromLog {
+    const float* gcum;
+    __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
+    __device__ __forceinline__ float2 decay_pair(int t) const {
+      const float2 g = *reinterpret_cast<const float2*>(gcum + t);
+      return {exp2_approx(g.x), exp2_approx(g.y)};
+    }
+    __device__ __forceinline__ float2 rho_pair(int t) const {
+      const float2 g = *reinterpret_cast<const float2*>(gcum + t);
+      return {exp2_approx(gamma() - g.x), exp2_approx(gamma() - g.y)};
+    }
+  };
+
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
   // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging (kOBuffers tiles: chunk c's in
   // o[c % kOBuffers]) and the slot's free barrier.
@@ -324,24 +340,24 @@ struct FusedForwardRs {
   // low part of (rho Vd)^T, rho Vd - bf16(rho Vd)) as A fragments, QS^T columns
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
-  // fragments their registers would not fit); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
+  // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
   // chunk c-1's o out under them; free; S^T's fragments, o staged (with one o tile, after a group
   // barrier: the group's copy of chunk c-1's o has read it), the checkpoint.
-  template <bool kWithO, bool kExactUpdate, int kOBuffers = 2, typename BeforeUpdate>
+  template <bool kWithO, bool kExactUpdate, int kOBuffers = 2, typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
-                                                      const float* gcum, int64_t c, int h, int group, StateAcc& st,
+                                                      const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
                                                       BeforeUpdate&& before_update) {
     const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
     const int64_t t0 = item.bos + c * kChunk;
-    const float gamma = gcum[kChunk - 1];
     Fragments vd_decayed[4], vd_plain[4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float2 g = *reinterpret_cast<const float2*>(gcum + 16 * ks + 8 * half + c_lane);
-        const float rho[2] = {exp2_approx(gamma - g.x), exp2_approx(gamma - g.y)};
+        const int t = 16 * ks + 8 * half + c_lane;
+        const float2 rho_t = gates.rho_pair(t);
+        const float rho[2] = {rho_t.x, rho_t.y};
 #pragma unroll
         for (int q = 2 * half; q < 2 * half + 2; ++q) {
           const int x = 8 * ks + 2 * q;
@@ -349,15 +365,16 @@ struct FusedForwardRs {
           vd_decayed[ks][q] = pack_pair<Elem>(decayed[0], decayed[1]);
           if constexpr (kWithO) {
             vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
-            o[x] *= exp2_approx(g.x);
-            o[x + 1] *= exp2_approx(g.y);
+            const float2 decay_t = gates.decay_pair(t);
+            o[x] *= decay_t.x;
+            o[x + 1] *= decay_t.y;
           } else if constexpr (kExactUpdate) {  // the update operand's rounding error
             const float2 hi = unpack_pair<Elem>(vd_decayed[ks][q]);
             vd_plain[ks][q] = pack_pair<Elem>(decayed[0] - hi.x, decayed[1] - hi.y);
           }
         }
       }
-    const float decay = exp2_approx(gamma);
+    const float decay = exp2_approx(gates.gamma());
 #pragma unroll
     for (int x = 0; x < 64; ++x) st[x] *= decay;
     before_update();
@@ -526,7 +543,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, s.gcum[buf], c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, GatesFromLog{s.gcum[buf]}, c, h, group, st, st_frag, vd, o,
                            [] {});
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
