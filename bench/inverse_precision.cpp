@@ -1,0 +1,268 @@
+// How precise v5's in-kernel chunk inverse must be (warpgroup_inverse.cuh): the forward's o against
+// the float64 chunked forward, with the fused kernel's bf16 operand roundings emulated (S^T's A
+// fragments, W, Ag, Vd, rho Vd, P: fused_forward_inv.cuh) and X = (I + L)^{-1},
+// L = diag(beta) StrictLower(K K^T), formed four ways:
+//   exact    X in float64: the floor, what the other roundings cost
+//   bf16x3   today's kernel: the 16 x 16 diagonal blocks by fp32 substitution, the 16->32 and 32->64
+//            merges as split bf16 products (hi.hi + hi.lo + lo.hi, fp32 accumulation), L, X and the
+//            intermediate T held as hi + lo
+//   bf16x1   the merges as single bf16 products: a third of the mma.sync, no lo tiles
+//   fp16x1   the same in fp16 (FlashInfer's choice; its range ends at 65504)
+// then Ag = G (.) X (.) 1 beta^T rounded to bf16, as the kernel stores it. Per run: the relative L2
+// error of Ag (over every chunk, against G (.) A_r (.) 1 beta^T in float64) and of o (over the heads'
+// tokens), and the largest |X| entry. Inputs: normalised random q, k; v ~ N(0, 1); beta = sigmoid(randn); the tests' "model"
+// gates (g = -A softplus(a + dt_bias), A ~ U(1e-3, 16) a head) or g = 0 (G = 1: X's off-diagonal
+// blocks count whole); random keys, or correlated ones sharing a direction (k_t = normalise(base +
+// 0.5 noise): L's entries near beta, X's larger); q, k, v rounded to bf16 first for both sides.
+//   build/inverse_precision [T] [heads] [seeds]      (defaults 4096 4 2)
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "reference/forward_math.h"
+
+using flashgdn::reference::HeadInputs;
+namespace ref = flashgdn::reference;
+
+namespace {
+
+constexpr int kC = 64, kD = 128;
+
+// x rounded to `bits` significant bits (round to nearest even); beyond `max`, infinity.
+double round_bits(double x, int bits, double max = 3.0e38) {
+  if (x == 0.0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, bits - e)), e - bits);
+  return std::fabs(r) > max ? std::copysign(INFINITY, r) : r;
+}
+double bf16(double x) { return round_bits(x, 8); }
+double fp32(double x) { return static_cast<double>(static_cast<float>(x)); }
+
+// How the merges' operands reach the tensor cores.
+struct Format {
+  const char* name;
+  int bits;    // significant bits of one part
+  double max;  // the format's largest finite value
+  bool split;  // hi + lo parts, products hi.hi + hi.lo + lo.hi
+  bool exact;  // no emulation: X in float64
+};
+constexpr Format kFormats[] = {{"exact", 53, 1e308, false, true},
+                               {"bf16x3", 8, 3.0e38, true, false},
+                               {"bf16x1", 8, 3.0e38, false, false},
+                               {"fp16x1", 11, 65504.0, false, false}};
+
+struct Operand {
+  double hi = 0.0, lo = 0.0;
+};
+Operand operand(double x, const Format& f) {
+  Operand o;
+  o.hi = round_bits(x, f.bits, f.max);
+  if (f.split) o.lo = round_bits(x - o.hi, f.bits, f.max);
+  return o;
+}
+double product(const Operand& a, const Operand& b) { return a.hi * b.hi + a.hi * b.lo + a.lo * b.hi; }
+
+using Matrix = std::vector<double>;  // [kC][kC], row-major
+
+// X = (I + L)^{-1} as warpgroup_inverse.cuh forms it, L strictly lower [kC][kC] (fp32 values).
+Matrix emulated_inverse(const Matrix& l, const Format& f) {
+  Matrix x(kC * kC, 0.0);
+  auto stored = [&](double v) {  // an X entry as its tile keeps it (what later products read)
+    const Operand o = operand(fp32(v), f);
+    return o.hi + o.lo;
+  };
+  // 2. diagonal blocks: column-oriented substitution in fp32
+  for (int w = 0; w < 4; ++w)
+    for (int c = 0; c < 16; ++c) {
+      float col[16];
+      for (int i = 0; i < 16; ++i) col[i] = i == c ? 1.f : 0.f;
+      for (int j = 0; j < 15; ++j)
+        for (int i = j + 1; i < 16; ++i)
+          col[i] -= static_cast<float>(l[(16 * w + i) * kC + 16 * w + j]) * col[j];
+      for (int i = 0; i < 16; ++i) x[(16 * w + i) * kC + 16 * w + c] = stored(col[i]);
+    }
+  // [rows r0.., cols c0..] @ [rows k0.., cols n0..], k over `depth`: fp32 sums of the operands' products
+  auto gemm = [&](const Matrix& a, int r0, int c0, const Matrix& b, int k0, int n0, int rows, int cols, int depth,
+                  std::vector<double>& out) {
+    out.assign(rows * cols, 0.0);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) {
+        double sum = 0.0;
+        for (int k = 0; k < depth; ++k)
+          sum += product(operand(a[(r0 + i) * kC + c0 + k], f), operand(b[(k0 + k) * kC + n0 + j], f));
+        out[i * cols + j] = fp32(sum);
+      }
+  };
+  // T as the next product's B operand, from a [rows][cols] scratch into a kC-pitched matrix
+  auto as_matrix = [&](const std::vector<double>& t, int rows, int cols) {
+    Matrix m(kC * kC, 0.0);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) m[i * kC + j] = t[i * cols + j];
+    return m;
+  };
+  std::vector<double> t, y;
+  // 3. 16 -> 32: X_{b,b-1} = -X_bb (L_{b,b-1} X_{b-1,b-1}), b = 1, 3
+  for (int b : {1, 3}) {
+    const int r0 = 16 * b;
+    gemm(l, r0, r0 - 16, x, r0 - 16, r0 - 16, 16, 16, 16, t);
+    gemm(x, r0, r0, as_matrix(t, 16, 16), 0, 0, 16, 16, 16, y);
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) x[(r0 + i) * kC + r0 - 16 + j] = stored(-y[i * 16 + j]);
+  }
+  // 4. 32 -> 64: T = L[32:64, 0:32] X_A; X[32:64, 0:32] = -X_B T
+  gemm(l, 32, 0, x, 0, 0, 32, 32, 32, t);
+  gemm(x, 32, 32, as_matrix(t, 32, 32), 0, 0, 32, 32, 32, y);
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < 32; ++j) x[(32 + i) * kC + j] = stored(-y[i * 32 + j]);
+  return x;
+}
+
+HeadInputs make_head(std::mt19937_64& rng, int64_t T, bool correlated, bool gate_free) {
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> a_range(1e-3, 16.0);
+  HeadInputs in;
+  in.T = T;
+  in.K = in.V = kD;
+  in.scale = 1.0 / std::sqrt(double(kD));
+  in.q.resize(T * kD);
+  in.k.resize(T * kD);
+  in.v.resize(T * kD);
+  in.g.resize(T);
+  in.beta.resize(T);
+  std::vector<double> base(kD);
+  for (double& b : base) b = normal(rng);
+  for (auto* rows : {&in.q, &in.k})
+    for (int64_t t = 0; t < T; ++t) {
+      double norm2 = 0.0;
+      for (int i = 0; i < kD; ++i) {
+        double& e = (*rows)[t * kD + i];
+        e = correlated && rows == &in.k ? base[i] + 0.5 * normal(rng) : normal(rng);
+        norm2 += e * e;
+      }
+      for (int i = 0; i < kD; ++i) (*rows)[t * kD + i] = bf16((*rows)[t * kD + i] / std::sqrt(norm2));
+    }
+  for (double& x : in.v) x = bf16(normal(rng));
+  const double A = a_range(rng), dt_bias = normal(rng);
+  for (int64_t t = 0; t < T; ++t) {
+    const double a = normal(rng) + dt_bias;
+    in.g[t] = gate_free ? 0.0 : -A * (a > 20.0 ? a : std::log1p(std::exp(a)));
+    in.beta[t] = 1.0 / (1.0 + std::exp(-normal(rng)));
+  }
+  in.s0.assign(kD * kD, 0.0);
+  return in;
+}
+
+struct Errors {
+  double ag_err2 = 0.0, ag_norm2 = 0.0, o_err2 = 0.0, o_norm2 = 0.0;
+  double max_x = 0.0;  // the largest |X| entry (fp16's range ends at 65504)
+};
+
+// The v5 forward of one head (T a multiple of kC) with the chunk inverse in format f; accumulates
+// Ag's and o's squared errors against float64.
+void emulated_forward(const HeadInputs& in, const Format& f, const std::vector<double>& o_exact, Errors& err) {
+  const int64_t T = in.T;
+  std::vector<double> s(kD * kD, 0.0), sb(kD * kD), w(kC * kD), vd(kC * kD), u(kC * kD);
+  for (int64_t c = 0; c < T / kC; ++c) {
+    const ref::ChunkRange r = ref::chunk_range(in, c);
+    const std::vector<double> g = ref::chunk_gate_cumsum(in, r);
+    const double* k = &in.k[r.begin * kD];
+    const double* q = &in.q[r.begin * kD];
+    const double* v = &in.v[r.begin * kD];
+    const double* beta = &in.beta[r.begin];
+    // L = diag(beta) StrictLower(K K^T) in fp32; X; Ag
+    Matrix l(kC * kC, 0.0);
+    for (int i = 0; i < kC; ++i)
+      for (int j = 0; j < i; ++j) {
+        double dot = 0.0;
+        for (int d = 0; d < kD; ++d) dot += k[i * kD + d] * k[j * kD + d];
+        l[i * kC + j] = fp32(beta[i] * fp32(dot));
+      }
+    const Matrix a_r = ref::chunk_a_r(in, r);
+    const Matrix x = f.exact ? a_r : emulated_inverse(l, f);
+    for (double e : x) err.max_x = std::fmax(err.max_x, std::fabs(e));
+    Matrix ag(kC * kC, 0.0);
+    for (int i = 0; i < kC; ++i)
+      for (int j = 0; j <= i; ++j) {
+        const double gate = std::exp(g[i] - g[j]);
+        ag[i * kC + j] = bf16(fp32(gate * x[i * kC + j] * beta[j]));
+        const double want = gate * a_r[i * kC + j] * beta[j];
+        err.ag_err2 += (ag[i * kC + j] - want) * (ag[i * kC + j] - want);
+        err.ag_norm2 += want * want;
+      }
+    for (int i = 0; i < kD * kD; ++i) sb[i] = bf16(s[i]);
+    // U = K S_b; W = bf16(V - Gamma U); Vd = Ag W
+    for (int t = 0; t < kC; ++t)
+      for (int j = 0; j < kD; ++j) {
+        double sum = 0.0;
+        for (int d = 0; d < kD; ++d) sum += k[t * kD + d] * sb[d * kD + j];
+        u[t * kD + j] = fp32(sum);
+        w[t * kD + j] = bf16(fp32(v[t * kD + j] - std::exp(g[t]) * u[t * kD + j]));
+      }
+    for (int t = 0; t < kC; ++t)
+      for (int j = 0; j < kD; ++j) {
+        double sum = 0.0;
+        for (int s2 = 0; s2 <= t; ++s2) sum += ag[t * kC + s2] * w[s2 * kD + j];
+        vd[t * kD + j] = fp32(sum);
+      }
+    // O = scale (Gamma (Q S_b) + P bf16(Vd)),  P = bf16(G (.) Q K^T)
+    for (int t = 0; t < kC; ++t) {
+      std::vector<double> p(t + 1);
+      for (int s2 = 0; s2 <= t; ++s2) {
+        double dot = 0.0;
+        for (int d = 0; d < kD; ++d) dot += q[t * kD + d] * k[s2 * kD + d];
+        p[s2] = bf16(fp32(std::exp(g[t] - g[s2]) * dot));
+      }
+      for (int j = 0; j < kD; ++j) {
+        double qs = 0.0, pv = 0.0;
+        for (int d = 0; d < kD; ++d) qs += q[t * kD + d] * sb[d * kD + j];
+        for (int s2 = 0; s2 <= t; ++s2) pv += p[s2] * bf16(vd[s2 * kD + j]);
+        const double o = in.scale * (std::exp(g[t]) * fp32(qs) + fp32(pv));
+        const double want = o_exact[(r.begin + t) * kD + j];
+        err.o_err2 += (o - want) * (o - want);
+        err.o_norm2 += want * want;
+      }
+    }
+    // S' = e^gamma S + K^T bf16(rho (.) Vd), in fp32
+    const double gamma = g[kC - 1];
+    for (int d = 0; d < kD; ++d)
+      for (int j = 0; j < kD; ++j) {
+        double sum = 0.0;
+        for (int t = 0; t < kC; ++t) sum += k[t * kD + d] * bf16(fp32(std::exp(gamma - g[t]) * vd[t * kD + j]));
+        s[d * kD + j] = fp32(std::exp(gamma) * s[d * kD + j] + fp32(sum));
+      }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t T = (argc > 1 ? std::atoll(argv[1]) : 4096) / kC * kC;
+  const int heads = argc > 2 ? std::atoi(argv[2]) : 4, seeds = argc > 3 ? std::atoi(argv[3]) : 2;
+  for (int regime = 0; regime < 4; ++regime) {
+    const bool correlated = regime % 2 == 1, gate_free = regime >= 2;
+    std::printf("%s keys, %s, T %lld, %d heads x %d seeds (worst seed; rel L2 over the seed's heads)\n",
+                correlated ? "correlated" : "random", gate_free ? "g = 0" : "model gates", static_cast<long long>(T),
+                heads, seeds);
+    double worst_ag[std::size(kFormats)] = {}, worst_o[std::size(kFormats)] = {}, max_x = 0.0;
+    for (int seed = 0; seed < seeds; ++seed) {
+      std::mt19937_64 rng(static_cast<uint64_t>(seed) + 1000 * regime);
+      Errors err[std::size(kFormats)];
+      for (int h = 0; h < heads; ++h) {
+        const HeadInputs in = make_head(rng, T, correlated, gate_free);
+        const std::vector<double> o_exact = ref::chunked_forward(in).o;
+        for (size_t f = 0; f < std::size(kFormats); ++f) emulated_forward(in, kFormats[f], o_exact, err[f]);
+      }
+      for (size_t f = 0; f < std::size(kFormats); ++f) {
+        worst_ag[f] = std::fmax(worst_ag[f], std::sqrt(err[f].ag_err2 / err[f].ag_norm2));
+        worst_o[f] = std::fmax(worst_o[f], std::sqrt(err[f].o_err2 / err[f].o_norm2));
+        max_x = std::fmax(max_x, err[f].max_x);
+      }
+    }
+    for (size_t f = 0; f < std::size(kFormats); ++f)
+      std::printf("  %-7s Ag %.3e   o %.3e\n", kFormats[f].name, worst_ag[f], worst_o[f]);
+    std::printf("  largest |X| entry %.3f\n", max_x);
+  }
+}
