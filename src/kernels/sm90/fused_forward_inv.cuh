@@ -138,8 +138,8 @@ struct FusedForwardInv {
   // only the keys, finds chunk c+1's landed when it gets there, where with one ring it waited for
   // them (~1.4k cycles a chunk at d96055b) while the state groups waited for it. Per chunk:
   //   wait keys_loaded; a partial chunk's rows past its end zeroed (Q and V's after loaded); group
-  //   barrier; the gate tables; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the whole group waited
-  //   for free of chunk c-2 at the end of chunk c-1); ready.
+  //   barrier; the gate tables; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the
+  //   whole group waited for free of chunk c-2 at the end of chunk c-1); ready.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
     timeline_mark(p, 0, 0, 10);
@@ -235,10 +235,9 @@ struct FusedForwardInv {
   // ---- state groups ---------------------------------------------------------------------------
 
   // W^T = V^T - U^T Gamma as the A fragments of Vd^T = W^T Ag^T (k over the chunk's tokens; Gamma's
-  // diagonal from the decay table): V^T's
-  // 8 x 8 blocks come transposed by ldmatrix.trans from V's panel g (rows = tokens), block (column
-  // block j, row half hf) landing as this thread's accumulator pair (j, e = 2 hf): one x4 per k-step
-  // holds registers q = 0..3 of it (j = 2 ks + q / 2, hf = q % 2).
+  // diagonal from the decay table): V^T's 8 x 8 blocks come transposed by ldmatrix.trans from V's
+  // panel g (rows = tokens), block (column block j, row half hf) landing as this thread's accumulator
+  // pair (j, e = 2 hf): one x4 per k-step holds registers q = 0..3 of it (j = 2 ks + q / 2, hf = q % 2).
   static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* decay, const Acc& u,
                                                      Fragments (&w)[4]) {
     const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
@@ -372,8 +371,8 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h, group, st, st_frag,
-                                        vd, o, [] {
+      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c,
+                                                  h, group, st, st_frag, vd, o, [] {
                                           if constexpr (kWithO) {
                                             wg::fence_shared_to_async();
                                             asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");

@@ -340,9 +340,10 @@ struct FusedForwardRs {
   // low part of (rho Vd)^T, rho Vd - bf16(rho Vd)) as A fragments, QS^T columns
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
-  // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update(); S^T += (rho Vd)^T K and O^T += Vd^T P^T;
-  // chunk c-1's o out under them; free; S^T's fragments, o staged (with one o tile, after a group
-  // barrier: the group's copy of chunk c-1's o has read it), the checkpoint.
+  // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update();
+  // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
+  // staged (with one o tile, after a group barrier: the group's copy of chunk c-1's o has read it),
+  // the checkpoint.
   template <bool kWithO, bool kExactUpdate, int kOBuffers = 2, typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
@@ -355,17 +356,16 @@ struct FusedForwardRs {
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = 16 * ks + 8 * half + c_lane;
-        const float2 rho_t = gates.rho_pair(t);
-        const float rho[2] = {rho_t.x, rho_t.y};
+        const int t = 16 * ks + 8 * half + c_lane;  // the pair's tokens t, t + 1
+        const float2 rho = gates.rho_pair(t);
+        [[maybe_unused]] const float2 decay_t = kWithO ? gates.decay_pair(t) : float2{};
 #pragma unroll
         for (int q = 2 * half; q < 2 * half + 2; ++q) {
           const int x = 8 * ks + 2 * q;
-          const float decayed[2] = {rho[0] * vd[x], rho[1] * vd[x + 1]};
+          const float decayed[2] = {rho.x * vd[x], rho.y * vd[x + 1]};
           vd_decayed[ks][q] = pack_pair<Elem>(decayed[0], decayed[1]);
           if constexpr (kWithO) {
             vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
-            const float2 decay_t = gates.decay_pair(t);
             o[x] *= decay_t.x;
             o[x + 1] *= decay_t.y;
           } else if constexpr (kExactUpdate) {  // the update operand's rounding error
