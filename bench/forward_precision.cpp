@@ -12,10 +12,10 @@
 // then Ag = G (.) X (.) 1 beta^T rounded to bf16, as the kernel stores it: the relative L2 error of
 // Ag (over every chunk, against G (.) A_r (.) 1 beta^T in float64) and of o, and the largest |X|;
 // (2) with the exact inverse, o's error with one of the bf16 operands kept exact at a time (its share
-// of the error) and with none rounded. Errors are relative L2 over the heads' tokens. Inputs: normalised random q, k; v ~ N(0, 1); beta = sigmoid(randn); the tests' "model"
-// gates (g = -A softplus(a + dt_bias), A ~ U(1e-3, 16) a head) or g = 0 (G = 1: X's off-diagonal
-// blocks count whole); random keys, or correlated ones sharing a direction (k_t = normalise(base +
-// 0.5 noise): L's entries near beta, X's larger); q, k, v rounded to bf16 first for both sides.
+// of the error) and with none rounded. Errors are relative L2 over the heads' tokens. Inputs:
+// model_heads.h's heads with q, k, v rounded to bf16 (for both sides), in four regimes: model gates or
+// g = 0 (G = 1: X's off-diagonal blocks count whole), random keys or correlated ones sharing a
+// direction (L's entries near beta, X's larger).
 //   build/bench/forward_precision [T] [heads] [seeds]      (defaults 4096 4 2)
 #include <cmath>
 #include <cstdio>
@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "model_heads.h"
 #include "reference/forward_math.h"
 
 using flashgdn::reference::HeadInputs;
@@ -40,7 +41,7 @@ double round_bits(double x, int bits, double max = 3.0e38) {
   const double r = std::ldexp(std::nearbyint(std::ldexp(x, bits - e)), e - bits);
   return std::fabs(r) > max ? std::copysign(INFINITY, r) : r;
 }
-double bf16(double x) { return round_bits(x, 8); }
+double bf16(double x) { return flashgdn::bench::round_to_bf16(x); }
 double fp32(double x) { return static_cast<double>(static_cast<float>(x)); }
 
 // How the merges' operands reach the tensor cores.
@@ -120,41 +121,6 @@ Matrix emulated_inverse(const Matrix& l, const Format& f) {
   for (int i = 0; i < 32; ++i)
     for (int j = 0; j < 32; ++j) x[(32 + i) * kC + j] = stored(-y[i * 32 + j]);
   return x;
-}
-
-HeadInputs make_head(std::mt19937_64& rng, int64_t T, bool correlated, bool gate_free) {
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> a_range(1e-3, 16.0);
-  HeadInputs in;
-  in.T = T;
-  in.K = in.V = kD;
-  in.scale = 1.0 / std::sqrt(double(kD));
-  in.q.resize(T * kD);
-  in.k.resize(T * kD);
-  in.v.resize(T * kD);
-  in.g.resize(T);
-  in.beta.resize(T);
-  std::vector<double> base(kD);
-  for (double& b : base) b = normal(rng);
-  for (auto* rows : {&in.q, &in.k})
-    for (int64_t t = 0; t < T; ++t) {
-      double norm2 = 0.0;
-      for (int i = 0; i < kD; ++i) {
-        double& e = (*rows)[t * kD + i];
-        e = correlated && rows == &in.k ? base[i] + 0.5 * normal(rng) : normal(rng);
-        norm2 += e * e;
-      }
-      for (int i = 0; i < kD; ++i) (*rows)[t * kD + i] = bf16((*rows)[t * kD + i] / std::sqrt(norm2));
-    }
-  for (double& x : in.v) x = bf16(normal(rng));
-  const double A = a_range(rng), dt_bias = normal(rng);
-  for (int64_t t = 0; t < T; ++t) {
-    const double a = normal(rng) + dt_bias;
-    in.g[t] = gate_free ? 0.0 : -A * (a > 20.0 ? a : std::log1p(std::exp(a)));
-    in.beta[t] = 1.0 / (1.0 + std::exp(-normal(rng)));
-  }
-  in.s0.assign(kD * kD, 0.0);
-  return in;
 }
 
 // Which of the kernel's bf16 operands are rounded (the inverse's own formats aside).
@@ -271,7 +237,9 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(static_cast<uint64_t>(seed) + 1000 * regime);
       Errors err[kFormatCount], share[kRoundingCount];
       for (int h = 0; h < heads; ++h) {
-        const HeadInputs in = make_head(rng, T, correlated, gate_free);
+        HeadInputs in = flashgdn::bench::model_head(
+            rng, T, {.correlated_keys = correlated, .gate_free = gate_free, .round_to_bf16 = true});
+        in.s0.assign(kD * kD, 0.0);
         const std::vector<double> o_exact = ref::chunked_forward(in).o;
         for (size_t f = 0; f < kFormatCount; ++f) emulated_forward(in, kFormats[f], kAllRounded, o_exact, err[f]);
         for (size_t r = 1; r < kRoundingCount; ++r) emulated_forward(in, kFormats[0], kRoundings[r], o_exact, share[r]);

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "model_heads.h"
 #include "reference/backward.h"
 
 using flashgdn::reference::HeadInputs;
@@ -64,34 +65,6 @@ std::vector<Emulation> emulations() {
   return out;
 }
 
-HeadInputs model_head(std::mt19937_64& rng, int64_t T) {
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> a_range(1e-3, 16.0);
-  HeadInputs in;
-  in.T = T;
-  in.K = in.V = 128;
-  in.scale = 1.0 / std::sqrt(128.0);
-  in.q.resize(T * 128);
-  in.k.resize(T * 128);
-  in.v.resize(T * 128);
-  in.g.resize(T);
-  in.beta.resize(T);
-  for (auto* rows : {&in.q, &in.k})
-    for (int64_t t = 0; t < T; ++t) {
-      double norm2 = 0.0;
-      for (int i = 0; i < 128; ++i) norm2 += std::pow((*rows)[t * 128 + i] = normal(rng), 2);
-      for (int i = 0; i < 128; ++i) (*rows)[t * 128 + i] /= std::sqrt(norm2);
-    }
-  for (double& x : in.v) x = normal(rng);
-  const double A = a_range(rng), dt_bias = normal(rng);
-  for (int64_t t = 0; t < T; ++t) {
-    const double a = normal(rng) + dt_bias;
-    in.g[t] = -A * (a > 20.0 ? a : std::log1p(std::exp(a)));
-    in.beta[t] = 1.0 / (1.0 + std::exp(-normal(rng)));
-  }
-  return in;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,7 +92,7 @@ int main(int argc, char** argv) {
       }
     };
     for (int h = 0; h < heads; ++h) {
-      const HeadInputs in = model_head(rng, T);
+      const HeadInputs in = flashgdn::bench::model_head(rng, T);
       std::vector<double> d_o(T * 128), dht(128 * 128);
       for (double& x : d_o) x = normal(rng);
       for (double& x : dht) x = normal(rng);
