@@ -81,7 +81,7 @@ struct FusedForwardInv {
     alignas(1024) unsigned char k[kKeyStages][kTokenTileBytes];
     alignas(1024) unsigned char o[1][kTokenTileBytes];  // one staging tile: the third key stage's room
     Inverse::Workspace inverse;
-    Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
+    Inverse::Tile x[2];  // X of chunk c (fp16) in x[c % 2] until the state groups have formed Ag from it
     alignas(16) float gcum[kKeyStages][kChunk];
     alignas(16) float beta[kKeyStages][kChunk];
     alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
@@ -258,11 +258,11 @@ struct FusedForwardInv {
   }
 
   // Ag = G (.) X (.) 1 beta^T on and below the diagonal: state group g's columns 32 g .. 32 g + 31
-  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's split tiles come by ldmatrix in the A-fragment
+  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's fp16 tile comes by ldmatrix in the A-fragment
   // layout of the warp's band (register q: rows + 8 (q % 2), columns 16 ks + 8 (q / 2) + c_lane),
   // which is stmatrix_x4's order for column blocks 2 ks, 2 ks + 1; X's blocks above the block
   // diagonal are never formed (selected away with the rest of the upper triangle).
-  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Split& x,
+  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Tile& x,
                                                        const float* gcum, const float* beta, int group) {
     const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
     const int r = band + lane / 4;
@@ -270,20 +270,17 @@ struct FusedForwardInv {
 #pragma unroll 1  // one k-step's temporaries at a time: the state groups have few registers to spare
     for (int half = 0; half < 2; ++half) {
       const int ks = 2 * group + half;
-      uint32_t hi[4], lo[4];
-      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
-      ldmatrix_x4(hi, x.hi + at);
-      ldmatrix_x4(lo, x.lo + at);
+      uint32_t regs[4];
+      ldmatrix_x4(regs, x.v + (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16));
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
-        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
+        const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(&regs[q]));
         const int row = r + 8 * (q % 2), col = 16 * ks + 8 * (q / 2) + c_lane;
-        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * (h.x + l.x) * beta[col] : 0.f;
-        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * (h.y + l.y) * beta[col + 1] : 0.f;
-        hi[q] = pack_pair<Elem>(a0, a1);
+        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * xv.x * beta[col] : 0.f;
+        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * xv.y * beta[col + 1] : 0.f;
+        regs[q] = pack_pair<Elem>(a0, a1);
       }
-      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), hi);
+      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), regs);
     }
   }
 
