@@ -35,10 +35,9 @@
 //           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
 //           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
 //           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
-//           (RS, 4), free[c % 2], o -> o (stmatrix.trans, after a group barrier: chunk c-1's copy
-//           has read it), copied out under chunk c+1's update
-// Shared memory (~220 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
-// o [64][128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta, decay,
+//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+// Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
+// o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
 // rho [3][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
 // bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
@@ -79,7 +78,7 @@ struct FusedForwardInv {
   struct SharedStorage {
     Slot slot[2];
     alignas(1024) unsigned char k[kKeyStages][kTokenTileBytes];
-    alignas(1024) unsigned char o[1][kTokenTileBytes];  // one staging tile: the third key stage's room
+    alignas(1024) unsigned char o[2][kTokenTileBytes];
     Inverse::Workspace inverse;
     Inverse::Tile x[2];  // X of chunk c (fp16) in x[c % 2] until the state groups have formed Ag from it
     alignas(16) float gcum[kKeyStages][kChunk];
@@ -369,7 +368,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h, group, st, st_frag,
+      Rs::template finish_chunk<kWithO, false>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h, group, st, st_frag,
                                         vd, o, [] {
                                           if constexpr (kWithO) {
                                             wg::fence_shared_to_async();
@@ -377,7 +376,7 @@ struct FusedForwardInv {
                                           }
                                         });
     }
-    Rs::template finish_item<kWithO, 1>(p, item, s.o, num_chunks, h, group, st);
+    Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {
