@@ -24,7 +24,7 @@
 //      T stays in registers as the next product's B fragment (movmatrix), so a level needs no
 //      barrier inside it.
 // Precision: the merges are plain fp16 products (fp32 accumulation; L, X and T rounded to fp16's
-// 11 bits), one mma.sync a product. bench/inverse_precision (float64 emulation of v5's forward):
+// 11 bits), one mma.sync a product. bench/forward_precision (float64 emulation of v5's forward):
 // the forward's o within 1.2% of bf16x3 merges (three products each, 2^-16) in every regime, where
 // plain bf16 (8 bits) loses up to 47%; |X| <= 1 with unit keys and beta <= 1 (fp16 ends at 65504).
 
