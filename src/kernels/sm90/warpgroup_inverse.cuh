@@ -26,7 +26,10 @@
 // Precision: the merges are plain fp16 products (fp32 accumulation; L, X and T rounded to fp16's
 // 11 bits), one mma.sync a product. bench/forward_precision (float64 emulation of v5's forward):
 // the forward's o within 1.2% of bf16x3 merges (three products each, 2^-16) in every regime, where
-// plain bf16 (8 bits) loses up to 47%; |X| <= 1 with unit keys and beta <= 1 (fp16 ends at 65504).
+// plain bf16 (8 bits) loses up to 47%. Range: |X| <= 1 with unit keys and beta <= 1, ~2 with beta
+// up to 2, ~4 with keys of norm 1.5 (float64 draws), so far from fp16's 65504 while beta |k|^2 stays
+// near the delta rule's stable range (<= 2); keys far longer (not normalised) can overflow it into
+// Inf where bf16x3 stayed finite.
 
 #pragma once
 
@@ -36,10 +39,11 @@
 namespace flashgdn::kern {
 
 struct WarpgroupInverse {
-  static constexpr int kPitch = kChunk + 8;  // fp16 elements per row: 8 rows an ldmatrix reads hit distinct banks
+  static constexpr int kPitch = kChunk + 8;  // fp16 elements a row: the 8 rows an ldmatrix reads hit distinct banks
 
   // A [64][64] fp16 tile, row-major with pitch kPitch.
   struct Tile {
+    static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
     alignas(16) __half v[kChunk * kPitch];
     __device__ __forceinline__ void store(int row, int col, float x) { v[row * kPitch + col] = __float2half_rn(x); }
     // (row, col) and (row, col + 1), col even.
