@@ -316,6 +316,20 @@ def test_correlated_keys(seed, regime):
     assert gap <= 1e-2
 
 
+def test_keys_longer_than_unit(seed):
+    """Keys of norm 1.5 (beta |k|^2 up to 2.25, just past the delta rule's stable range, where |X| of
+    the chunk inverse reaches ~4 in float64 draws): v5's fp16 merges stay finite and every fused
+    kernel within tolerance."""
+    x = make_inputs(2, 1000, 2, 4, regime="model")
+    x["k"] = (1.5 * x["k"].float()).to(torch.bfloat16)
+    for kernel in (1, 2, 3, 4, 5):
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((2, 4, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                     False, False, False, None, 1, 4, kernel=kernel)
+        print(f"kernel {kernel}:", check(x, o, final))
+
+
 def test_inverse_inside_many_heads(seed):
     """v5's gate records (chunk_gates_kernel: blocks of 32 v-heads) with 40 v-heads, so the second
     block holds 8, on varlen sequences with partial chunks and NaN past the last one."""
