@@ -25,7 +25,7 @@
 //      barrier inside it.
 // Precision: the merges are plain fp16 products (fp32 accumulation; L, X and T rounded to fp16's
 // 11 bits), one mma.sync a product. bench/forward_precision (float64 emulation of v5's forward):
-// the forward's o within 1.2% of bf16x3 merges (three products each, 2^-16) in every regime, where
+// the forward's o within 1.3% of bf16x3 merges (three products each, 2^-16) in every regime, where
 // plain bf16 (8 bits) loses up to 47%. Range: |X| <= 1 with unit keys and beta <= 1, ~2 with beta
 // up to 2, ~4 with keys of norm 1.5 (float64 draws), so far from fp16's 65504 while beta |k|^2 stays
 // near the delta rule's stable range (<= 2); keys far longer (not normalised) can overflow it into
