@@ -29,7 +29,8 @@
 // plain bf16 (8 bits) loses up to 47%. Range: |X| <= 1 with unit keys and beta <= 1, ~2 with beta
 // up to 2, ~4 with keys of norm 1.5 (float64 draws), so far from fp16's 65504 while beta |k|^2 stays
 // near the delta rule's stable range (<= 2); keys far longer (not normalised) can overflow it into
-// Inf where bf16x3 stayed finite.
+// Inf where bf16x3 stayed finite: o then holds Inf / NaN (tests/gpu/test_forward.py:
+// test_expansive_keys_fail_loudly), and inverse_fp32 serves such keys.
 
 #pragma once
 
