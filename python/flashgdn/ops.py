@@ -388,9 +388,15 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     True forces it in both directions (cp_segment_chunks: segment length in 64-token chunks, 0 =
     the planner's). cp_decay_threshold: log-decay below which a head's segment needs no exact
     transition (error <= e^threshold of the state's norm).
+
+    Range: on full-wave rows the forward forms each chunk's inverse (I + strictly-lower beta K K^T)^-1
+    inside its fused kernel with fp16 products, which needs beta_t |k_t|^2 <= 2 (the delta rule's
+    non-expanding range; it holds with use_qk_l2norm_in_kernel or unit keys and beta in (0, 2]).
+    Keys far longer can overflow fp16 there, and o then holds Inf / NaN (never finite and wrong);
+    inverse_fp32=True (keyword) runs the fp32 inverse instead, for any keys.
     """
     for key in kwargs:
-        if key not in ("head_first", "cu_seqlens_cpu"):
+        if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32"):
             raise TypeError(f"chunk_gated_delta_rule: unexpected keyword argument '{key}'")
     if kwargs.get("head_first"):
         raise ValueError("head_first: the [B, H, T, D] layout is not supported; pass [B, T, H, D]")
@@ -403,6 +409,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     context_parallel = 0 if auto_cp is None else (2 if auto_cp else 1)
     o, final = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                                           bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                                          bool(state_v_first), cu_seqlens_cpu, False, context_parallel,
-                                          int(cp_segment_chunks), float(cp_decay_threshold))
+                                          bool(state_v_first), cu_seqlens_cpu, bool(kwargs.get("inverse_fp32", False)),
+                                          context_parallel, int(cp_segment_chunks), float(cp_decay_threshold))
     return o, (final if output_final_state else None)

@@ -292,6 +292,65 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
                          kernel=kernel)
 
 
+@pytest.mark.parametrize("regime", ["zero", "model"])
+def test_correlated_keys(seed, regime):
+    """Keys sharing one direction a head (k_t = normalise(base + 0.5 noise)): L's entries near beta,
+    the hardest inputs for the chunk inverse, and those where bench/forward_precision puts the
+    forward's emulated o error nearest the bar (4.7e-3 at T 2048): every fused kernel within
+    tolerance at T 4096, and v5 (fp16 merges) within 1e-2 of wgmma."""
+    T = 4096
+    x = make_inputs(1, T, 2, 4, regime=regime)
+    base = torch.randn(1, 1, 2, 128, device="cuda")
+    x["k"] = torch.nn.functional.normalize(base + 0.5 * torch.randn(1, T, 2, 128, device="cuda"), dim=-1).to(
+        torch.bfloat16)
+    outs = []
+    for kernel in (1, 2, 3, 4, 5):
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((1, 4, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                     False, False, False, None, 1, 4, kernel=kernel)
+        print(f"kernel {kernel}:", check(x, o, final))
+        outs.append(o)
+    gap = rel_l2(outs[4], outs[1])
+    print(f"inverse inside vs wgmma: o {gap:.2e}")
+    assert gap <= 1e-2
+
+
+def test_keys_longer_than_unit(seed):
+    """Keys of norm 1.5 (beta |k|^2 up to 2.25, just past the delta rule's stable range, where |X| of
+    the chunk inverse reaches ~4 in float64 draws): v5's fp16 merges stay finite and every fused
+    kernel within tolerance."""
+    x = make_inputs(2, 1000, 2, 4, regime="model")
+    x["k"] = (1.5 * x["k"].float()).to(torch.bfloat16)
+    for kernel in (1, 2, 3, 4, 5):
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((2, 4, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                     False, False, False, None, 1, 4, kernel=kernel)
+        print(f"kernel {kernel}:", check(x, o, final))
+
+
+def test_expansive_keys_fail_loudly(seed):
+    """Keys far outside the delta rule's non-expanding range (one shared direction, beta |k|^2 = 3.2:
+    each token scales the state along it by -2.2, so the chunk inverse's entries reach 2.2^62, past
+    fp16): v5's fp16 merges overflow, and o must come back non-finite, never finite and wrong, while
+    the drop-in API's inverse_fp32 keyword gives the reference's answer."""
+    x = make_inputs(1, 64, 1, 1, regime="zero", initial_state=False)
+    x["k"] = (1.8 * torch.nn.functional.normalize(torch.randn(1, 1, 1, 128, device="cuda"), dim=-1)
+              ).expand(1, 64, 1, 128).to(torch.bfloat16).contiguous()
+    x["beta"] = torch.ones_like(x["beta"])
+    o = torch.full_like(x["v"], float("nan"))
+    forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, 128 ** -0.5,
+                 False, False, False, None, 1, kernel=5)
+    assert not torch.isfinite(o.float()).all()
+    o32, _ = flashgdn.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], inverse_fp32=True)
+    ref, _ = forward_f64(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5)
+    assert torch.isfinite(o32.float()).all()
+    err = rel_l2(o32, ref)
+    print(f"inverse_fp32: o {err:.2e} (|o| up to {ref.abs().max().item():.1e})")
+    assert err <= 5e-2
+
+
 def test_inverse_inside_many_heads(seed):
     """v5's gate records (chunk_gates_kernel: blocks of 32 v-heads) with 40 v-heads, so the second
     block holds 8, on varlen sequences with partial chunks and NaN past the last one."""

@@ -28,6 +28,9 @@ constexpr int C = 64, D = 128;
 constexpr int kChunks = 4 * 132 + 1, kLastRows = 40;
 constexpr int T = (kChunks - 1) * C + kLastRows;
 constexpr int kTileBytes = C * D * 2;
+// X is kept in fp16 (2^-11 relative rounding) and merged by fp16 products: a few roundings of
+// max |X| (an indexing error is of order max |X|).
+constexpr double kTolerance = 2e-3;
 // Timed stages: K K^T; store_l + the diagonal blocks; 16 -> 32; 32 -> 64 (each up to the barrier after it).
 constexpr int kStages = 4;
 constexpr const char* kStageNames[kStages] = {"K K^T", "L + diagonal blocks", "16 -> 32", "32 -> 64"};
@@ -35,11 +38,12 @@ constexpr const char* kStageNames[kStages] = {"K K^T", "L + diagonal blocks", "1
 struct Shared {
   alignas(1024) unsigned char k[kTileBytes];
   kern::WarpgroupInverse::Workspace workspace;
-  kern::WarpgroupInverse::Split x;
+  kern::WarpgroupInverse::Tile x;
   alignas(16) float beta[C];
 };
 
-// 128 threads; at most 128 registers (4 CTAs' worth per SM), the budget of an aux warpgroup.
+// 128 threads; at most 128 registers (4 CTAs' worth per SM): the inverse alone, within any aux
+// warpgroup's budget (fused_forward_inv.cuh's ptxas report covers the kernel's own).
 __global__ void __launch_bounds__(128, 4)
     inverse_kernel(const __nv_bfloat16* k, const float* beta, float* x_out, long long* cycles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -194,10 +198,10 @@ int main() {
         max_err = std::isfinite(value) ? std::fmax(max_err, std::fabs(value - want[at])) : INFINITY;
         max_ref = std::fmax(max_ref, std::fabs(want[at]));
       }
-    const bool pass = max_err <= 1e-4 * max_ref;
+    const bool pass = max_err <= kTolerance * max_ref;
     ok &= pass;
-    std::printf("%-16s max |err| %.3e (max |X| %.3e, tolerance 1e-4 relative): %s\n",
-                kind == 0 ? "random keys" : "correlated keys", max_err, max_ref, pass ? "ok" : "FAIL");
+    std::printf("%-16s max |err| %.3e (max |X| %.3e, tolerance %.0e relative): %s\n",
+                kind == 0 ? "random keys" : "correlated keys", max_err, max_ref, kTolerance, pass ? "ok" : "FAIL");
   }
   const auto report = [](const char* what, const std::vector<long long>& all) {
     const int ctas = static_cast<int>(all.size()) / kStages;

@@ -35,10 +35,9 @@
 //           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
 //           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
 //           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
-//           (RS, 4), free[c % 2], o -> o (stmatrix.trans, after a group barrier: chunk c-1's copy
-//           has read it), copied out under chunk c+1's update
-// Shared memory (~220 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
-// o [64][128]; the inverse's workspace (22 KiB) and x [2] (X split, 18 KiB each); gcum, beta, decay,
+//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+// Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
+// o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
 // rho [3][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
 // bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
@@ -79,9 +78,9 @@ struct FusedForwardInv {
   struct SharedStorage {
     Slot slot[2];
     alignas(1024) unsigned char k[kKeyStages][kTokenTileBytes];
-    alignas(1024) unsigned char o[1][kTokenTileBytes];  // one staging tile: the third key stage's room
+    alignas(1024) unsigned char o[2][kTokenTileBytes];
     Inverse::Workspace inverse;
-    Inverse::Split x[2];  // X of chunk c in x[c % 2] until the state groups have formed Ag from it
+    Inverse::Tile x[2];  // X of chunk c (fp16) in x[c % 2] until the state groups have formed Ag from it
     alignas(16) float gcum[kKeyStages][kChunk];
     alignas(16) float beta[kKeyStages][kChunk];
     alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
@@ -257,11 +256,11 @@ struct FusedForwardInv {
   }
 
   // Ag = G (.) X (.) 1 beta^T on and below the diagonal: state group g's columns 32 g .. 32 g + 31
-  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's split tiles come by ldmatrix in the A-fragment
+  // (k-steps ks = 2 g, 2 g + 1) into slot.ag. X's fp16 tile comes by ldmatrix in the A-fragment
   // layout of the warp's band (register q: rows + 8 (q % 2), columns 16 ks + 8 (q / 2) + c_lane),
   // which is stmatrix_x4's order for column blocks 2 ks, 2 ks + 1; X's blocks above the block
   // diagonal are never formed (selected away with the rest of the upper triangle).
-  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Split& x,
+  static __device__ __forceinline__ void store_ag_half(unsigned char* ag_tile, const typename Inverse::Tile& x,
                                                        const float* gcum, const float* beta, int group) {
     const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
     const int r = band + lane / 4;
@@ -269,20 +268,17 @@ struct FusedForwardInv {
 #pragma unroll 1  // one k-step's temporaries at a time: the state groups have few registers to spare
     for (int half = 0; half < 2; ++half) {
       const int ks = 2 * group + half;
-      uint32_t hi[4], lo[4];
-      const int at = (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16);
-      ldmatrix_x4(hi, x.hi + at);
-      ldmatrix_x4(lo, x.lo + at);
+      uint32_t regs[4];
+      ldmatrix_x4(regs, x.v + (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16));
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[q]));
-        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[q]));
+        const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(&regs[q]));
         const int row = r + 8 * (q % 2), col = 16 * ks + 8 * (q / 2) + c_lane;
-        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * (h.x + l.x) * beta[col] : 0.f;
-        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * (h.y + l.y) * beta[col + 1] : 0.f;
-        hi[q] = pack_pair<Elem>(a0, a1);
+        const float a0 = row >= col ? exp2_approx(g_rows[q % 2] - gcum[col]) * xv.x * beta[col] : 0.f;
+        const float a1 = row >= col + 1 ? exp2_approx(g_rows[q % 2] - gcum[col + 1]) * xv.y * beta[col + 1] : 0.f;
+        regs[q] = pack_pair<Elem>(a0, a1);
       }
-      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), hi);
+      stmatrix_x4(Tiles::fragment_rows(ag_tile, 0, 2 * ks), regs);
     }
   }
 
@@ -371,15 +367,15 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, 1>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c,
-                                                  h, group, st, st_frag, vd, o, [] {
-                                          if constexpr (kWithO) {
-                                            wg::fence_shared_to_async();
-                                            asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
-                                          }
-                                        });
+      Rs::template finish_chunk<kWithO, false>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
+                                               group, st, st_frag, vd, o, [] {
+                                                 if constexpr (kWithO) {
+                                                   wg::fence_shared_to_async();
+                                                   asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
+                                                 }
+                                               });
     }
-    Rs::template finish_item<kWithO, 1>(p, item, s.o, num_chunks, h, group, st);
+    Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
 
   static __device__ void run(const ForwardParams& p, const ForwardTileMaps& maps) {

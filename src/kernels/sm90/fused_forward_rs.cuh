@@ -327,8 +327,7 @@ struct FusedForwardRs {
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
-  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging (kOBuffers tiles: chunk c's in
-  // o[c % kOBuffers]) and the slot's free barrier.
+  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging pair and the slot's free barrier.
   struct ChunkEnd {
     const unsigned char* k;
     const unsigned char* p;
@@ -342,9 +341,8 @@ struct FusedForwardRs {
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
   // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update();
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
-  // staged (with one o tile, after a group barrier: the group's copy of chunk c-1's o has read it),
-  // the checkpoint.
-  template <bool kWithO, bool kExactUpdate, int kOBuffers = 2, typename Gates, typename BeforeUpdate>
+  // staged, the checkpoint.
+  template <bool kWithO, bool kExactUpdate, typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -396,8 +394,7 @@ struct FusedForwardRs {
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
     // fit in the registers beside S^T's pinned fragments).
     timeline_mark(p, 1, c, 3);
-    if (kWithO && c > 0)
-      Tiles::copy_out(p, at.o[(c - 1) % kOBuffers] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
+    if (kWithO && c > 0) Tiles::copy_out(p, at.o[(c - 1) & 1] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
     wg::wait<0>();
     wg::fence_operand(st);
     wg::fence_operand(o);
@@ -405,24 +402,23 @@ struct FusedForwardRs {
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     to_fragments<8>(st, st_frag);
-    if constexpr (kWithO && kOBuffers == 1) Aux::group_sync(2 + group);
     if constexpr (kWithO)
-      Tiles::template store_transposed<64>(at.o[c % kOBuffers] + group * kPanelBytes, 0,
+      Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
                                            [&](int j, int e) { return p.scale * o[4 * j + e]; });
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
-    if constexpr (kWithO) Aux::group_sync(2 + group);  // chunk c's o written, and chunk c-1's copy done
+    if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done
     timeline_mark(p, 1, c, 5);
   }
 
   // After a state group's last chunk: that chunk's o, and the final state.
-  template <bool kWithO, int kOBuffers = 2>
+  template <bool kWithO>
   static __device__ __forceinline__ void finish_item(const ForwardParams& p, const WorkItem& item,
                                                      unsigned char (*o)[kTokenTileBytes], int64_t num_chunks, int h,
                                                      int group, const StateAcc& st) {
     if (kWithO && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
-      Tiles::copy_out(p, o[last % kOBuffers] + group * kPanelBytes, item.batch, t0,
+      Tiles::copy_out(p, o[last & 1] + group * kPanelBytes, item.batch, t0,
                       left < kChunk ? static_cast<int>(left) : kChunk, h, 64 * group);
     }
     // The work item again (pure): not kept in registers across the loop.

@@ -30,6 +30,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row_ptr)));
 }
+// Two 8x8 b16 matrices, transposed; lanes 0-15 supply the row addresses (matrix L / 8, row L % 8;
+// the other lanes' addresses are not read but must be valid shared-memory addresses).
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row_ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row_ptr)));
+}
 
 // The inverse of ldmatrix_x4 (sm_90): four 8x8 b16 matrices to shared memory; lane L supplies the
 // row address of matrix L / 8, row L % 8, and register i holds the thread's pair of matrix i (row
@@ -58,6 +65,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
+    static_assert(std::is_same_v<T, __half>, "bf16 or fp16 operands");
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"

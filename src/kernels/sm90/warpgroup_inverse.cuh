@@ -6,10 +6,11 @@
 //
 // Layout: warp w owns the accumulator's 16-row band w (wgmma.cuh), which is block row w of the
 // 16 x 16 block structure (X_ij: block row i, block column j). In shared memory: the workspace
-// (22 KiB: L split for bf16x3, warp_mma.cuh SplitTile bf16 hi + lo [64][72], and L's diagonal blocks
-// in fp32 [4][16][16], transposed) and X's split tile (18 KiB), which the caller places. X's blocks above the diagonal are never formed (read them as 0).
+// (L in fp16, Tile [64][72], and L's diagonal blocks in fp32 [4][16][16], transposed: 13 KiB) and
+// X's fp16 tile (9 KiB), which the caller places. X's blocks above the diagonal are never formed
+// (read them as 0).
 // Stages, the last three separated by the warpgroup's named barrier:
-//   1. store_l (warp w): its band of L left of the diagonal block, split, and L_ww in fp32 (beta
+//   1. store_l (warp w): its band of L left of the diagonal block in fp16, and L_ww in fp32 (beta
 //      applied to the rows here, once)
 //   2. X_ww = (I + L_ww)^{-1} (warp w, lane c < 16: column c by column-oriented forward
 //      substitution in fp32 registers; the entries above the diagonal come out as exact zeros)
@@ -21,8 +22,16 @@
 //        T_m [16,8]  = sum_kb L_{m,kb} @ X_{kb}[:, n]     m = 2, 3; kb = n / 16 .. 1 (X_A's zeros skipped)
 //        X_{2}[:, n] = -X_22 @ T_2;   X_{3}[:, n] = -(X_32 @ T_2 + X_33 @ T_3)
 //      T stays in registers as the next product's B fragment (movmatrix), so a level needs no
-//      barrier inside it. Products in bf16x3 (about 2^-16 relative error each, fp32 accumulation),
-//      its three terms in separate accumulators (Terms: three short mma chains).
+//      barrier inside it.
+// Precision: the merges are plain fp16 products (fp32 accumulation; L, X and T rounded to fp16's
+// 11 bits), one mma.sync a product. bench/forward_precision (float64 emulation of v5's forward):
+// the forward's o within 1.3% of bf16x3 merges (three products each, 2^-16) in every regime, where
+// plain bf16 (8 bits) loses up to 47%. Range: |X| <= 1 with unit keys and beta <= 1, ~2 with beta
+// up to 2, ~4 with keys of norm 1.5 (float64 draws), so far from fp16's 65504 while beta |k|^2 stays
+// near the delta rule's stable range (<= 2); keys far longer (not normalised) can overflow it into
+// Inf where bf16x3 stayed finite: o then holds Inf / NaN (tests/gpu/test_forward.py:
+// test_expansive_keys_fail_loudly), and inverse_fp32 serves such keys.
+
 #pragma once
 
 #include "kernels/sm90/params.h"
@@ -31,15 +40,47 @@
 namespace flashgdn::kern {
 
 struct WarpgroupInverse {
-  static constexpr int kPitch = kChunk + 8;  // bf16 elements per row of the split tiles
-  using Split = SplitTile<kChunk, kPitch>;
+  static constexpr int kPitch = kChunk + 8;  // fp16 elements a row: the 8 rows an ldmatrix reads hit distinct banks
+
+  // A [64][64] fp16 tile, row-major with pitch kPitch.
+  struct Tile {
+    static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
+    alignas(16) __half v[kChunk * kPitch];
+    __device__ __forceinline__ void store(int row, int col, float x) { v[row * kPitch + col] = __float2half_rn(x); }
+    // (row, col) and (row, col + 1), col even.
+    __device__ __forceinline__ void store_pair(int row, int col, float x0, float x1) {
+      *reinterpret_cast<__half2*>(&v[row * kPitch + col]) = __floats2half2_rn(x0, x1);
+    }
+    // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read.
+    template <int kCount>
+    __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {
+      static_assert(kCount == 4 || kCount == 8, "8- or 16-byte vectors");
+      using Vector = std::conditional_t<kCount == 4, uint2, uint4>;
+      const Vector raw = *reinterpret_cast<const Vector*>(&v[row * kPitch + col]);
+      const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kCount / 2; ++i) {
+        const float2 pair = __half22float2(pairs[i]);
+        x[2 * i] = pair.x;
+        x[2 * i + 1] = pair.y;
+      }
+    }
+    // The m16n8k16 A fragment of the 16x16 block at (m0, k0).
+    __device__ __forceinline__ void a_fragment(uint32_t (&f)[4], int m0, int k0) const {
+      load_a<Stored::kRowMajor>(f, v, kPitch, m0, k0);
+    }
+    // The B fragment of the 16x8 block at (k0, n0): rows k0 .. k0 + 15 by one ldmatrix.x2.trans.
+    __device__ __forceinline__ void b_fragment(uint32_t (&f)[2], int k0, int n0) const {
+      ldmatrix_x2_trans(f, v + (k0 + threadIdx.x % 16) * kPitch + n0);
+    }
+  };
 
   struct Workspace {
-    Split l;                    // diag(beta) StrictLower(K K^T)
+    Tile l;                     // diag(beta) StrictLower(K K^T), the blocks left of the diagonal
     float l_diag_t[4][16][16];  // L's diagonal blocks in fp32, transposed: [w][j][i] = L_ww[i][j]
   };
-  // X itself is a separate Split tile (on and below the block diagonal), so that a kernel can keep
-  // one per pipeline slot.
+  // X itself is a separate Tile (on and below the block diagonal), so that a kernel can keep one
+  // per pipeline slot.
 
   static __device__ __forceinline__ void sync(int barrier) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
@@ -47,7 +88,7 @@ struct WarpgroupInverse {
 
   // Stage 1: kk is the m64n64 accumulator of K K^T (wgmma.cuh layout), beta the chunk's 64 betas
   // (0 past its end); warp w writes the blocks of band w the later stages read: those left of the
-  // diagonal split into ws.l, L_ww in fp32 into ws.l_diag_t (the rest of ws.l is never read).
+  // diagonal into ws.l, L_ww in fp32 into ws.l_diag_t (the rest of ws.l is never read).
   static __device__ __forceinline__ void store_l(Workspace& ws, const float (&kk)[32], const float* beta) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
@@ -72,7 +113,7 @@ struct WarpgroupInverse {
   // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`). stage_done(i) runs
   // after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
   template <typename StageDone>
-  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier, StageDone&& stage_done) {
+  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, int barrier, StageDone&& stage_done) {
     invert_diagonal(ws, x);
     sync(barrier);
     stage_done(0);
@@ -82,14 +123,14 @@ struct WarpgroupInverse {
     merge_32_to_64(ws, x);
     sync(barrier);
   }
-  static __device__ __forceinline__ void invert(const Workspace& ws, Split& x, int barrier) {
+  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, int barrier) {
     invert(ws, x, barrier, [](int) {});
   }
 
   // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
   //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
   //    L_ww's column j read as broadcast float4 vectors of the transposed block.
-  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Split& x_tile) {
+  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Tile& x_tile) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     if (lane >= 16) return;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
@@ -112,71 +153,69 @@ struct WarpgroupInverse {
   }
 
   // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
-  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Split& x) {
+  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
-    SplitA a;
-    SplitB x_block;
-    Terms t, x_new;
+    uint32_t a[4], x_block[2];
+    float t[4] = {0.f, 0.f, 0.f, 0.f}, x_new[4] = {0.f, 0.f, 0.f, 0.f};
     ws.l.a_fragment(a, r0, r0 - 16);
     x.b_fragment(x_block, r0 - 16, n0);
-    t.add(a, x_block);
+    mma_16816<__half>(t, a, x_block[0], x_block[1]);
     x.a_fragment(a, r0, r0);
-    x_new.add(a, t.as_b());
+    const Pair t_b = as_b(t);
+    mma_16816<__half>(x_new, a, t_b.k[0], t_b.k[1]);
     store_negated(x, r0, n0, x_new);
   }
 
   // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
-  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Split& x) {
+  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int n0 = 8 * warp, first_kb = n0 / 16;
-    SplitA a;
-    SplitB x_block;
-    Terms t2, t3;
+    uint32_t a[4], x_block[2];
+    float t2[4] = {0.f, 0.f, 0.f, 0.f}, t3[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
       x.b_fragment(x_block, 16 * kb, n0);
       ws.l.a_fragment(a, 32, 16 * kb);
-      t2.add(a, x_block);
+      mma_16816<__half>(t2, a, x_block[0], x_block[1]);
       ws.l.a_fragment(a, 48, 16 * kb);
-      t3.add(a, x_block);
+      mma_16816<__half>(t3, a, x_block[0], x_block[1]);
     }
-    const SplitB t2_b = t2.as_b(), t3_b = t3.as_b();
-    Terms x2, x3;
+    const Pair t2_b = as_b(t2), t3_b = as_b(t3);
+    float x2[4] = {0.f, 0.f, 0.f, 0.f}, x3[4] = {0.f, 0.f, 0.f, 0.f};
     x.a_fragment(a, 32, 32);
-    x2.add(a, t2_b);
+    mma_16816<__half>(x2, a, t2_b.k[0], t2_b.k[1]);
     x.a_fragment(a, 48, 32);
-    x3.add(a, t2_b);
+    mma_16816<__half>(x3, a, t2_b.k[0], t2_b.k[1]);
     x.a_fragment(a, 48, 48);
-    x3.add(a, t3_b);
+    mma_16816<__half>(x3, a, t3_b.k[0], t3_b.k[1]);
     store_negated(x, 32, n0, x2);
     store_negated(x, 48, n0, x3);
   }
 
  private:
-  // A bf16x3 [16,8] product accumulated as its three terms (hi.hi, hi.lo, lo.hi) in separate
-  // accumulators: three independent mma chains instead of one three times as long.
-  struct Terms {
-    float hh[4] = {0.f, 0.f, 0.f, 0.f}, hl[4] = {0.f, 0.f, 0.f, 0.f}, lh[4] = {0.f, 0.f, 0.f, 0.f};
-    __device__ __forceinline__ void add(const SplitA& a, const SplitB& b) {
-      mma_16816<__nv_bfloat16>(hh, a.hi, b.hi[0], b.hi[1]);
-      mma_16816<__nv_bfloat16>(hl, a.hi, b.lo[0], b.lo[1]);
-      mma_16816<__nv_bfloat16>(lh, a.lo, b.hi[0], b.hi[1]);
-    }
-    __device__ __forceinline__ float value(int e) const { return hh[e] + (hl[e] + lh[e]); }
-    // The sum as the B fragment of a next product (warp_mma.cuh accumulator_as_b).
-    __device__ __forceinline__ SplitB as_b() const {
-      const float sum[4] = {value(0), value(1), value(2), value(3)};
-      return accumulator_as_b(sum);
-    }
+  struct Pair {
+    uint32_t k[2];
   };
+  // A [16,8] fp32 accumulator as the fp16 B fragment of a next product whose k runs over its rows:
+  // C's pairs (row r, columns 2c, 2c + 1) transposed by movmatrix into B's (rows k = 2c, 2c + 1,
+  // column n = r); no shared memory.
+  static __device__ __forceinline__ Pair as_b(const float (&acc)[4]) {
+    Pair f;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {  // q = 1: accumulator rows 8-15, B's k = 8..15
+      const __half2 pair = __floats2half2_rn(acc[2 * q], acc[2 * q + 1]);
+      f.k[q] = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&pair));
+    }
+    return f;
+  }
 
-  // -(the [16,8] product at (r0, n0)) into a split tile.
-  static __device__ __forceinline__ void store_negated(Split& tile, int r0, int n0, const Terms& acc) {
+  // -(the [16,8] product at (r0, n0)) into an fp16 tile.
+  static __device__ __forceinline__ void store_negated(Tile& tile, int r0, int n0, const float (&acc)[4]) {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
-    tile.store_pair(row, col, -acc.value(0), -acc.value(1));
-    tile.store_pair(row + 8, col, -acc.value(2), -acc.value(3));
+    tile.store_pair(row, col, -acc[0], -acc[1]);
+    tile.store_pair(row + 8, col, -acc[2], -acc[3]);
   }
 };
 
