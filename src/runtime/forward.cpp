@@ -83,7 +83,7 @@ double resident_items(const Inputs& in) {
 
 FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase) {
   const bool whole_sequences = !cp_enabled && phase == ShardPhase::kNone;
-  return whole_sequences && 10.0 * resident_items(in) >= 9.0 * num_sms() ? FusedKernel::kInverseInside
+  return whole_sequences && 10.0 * resident_items(in) >= 4.0 * num_sms() ? FusedKernel::kInverseInside
                                                                         : FusedKernel::kRegisterState;
 }
 

@@ -68,10 +68,12 @@ enum class FusedKernel : int32_t {
 };
 
 // The fused forward kAuto takes with the bf16 inverse: v5 (the inverse inside) where no CP runs and
-// the resident items fill 90% of the SMs, else v4 (register state). Measured (bench/notes.md,
-// session 10): v5 is 5-19% faster on full-wave rows, up to 12% slower where one long sequence
-// leaves half of the SMs idle for most of the call (the chunk inverse's pass is cheap there and v5's
-// chunk step is longer).
+// the resident items fill 40% of the SMs, else v4 (register state). v4 pays the chunk inverse's pass
+// (~13 ns a chunk and v-head, spread over every SM), v5 a longer chunk step on the longest item
+// (~0.55 us a chunk more): v5 wins where resident items > ~46 on 132 SMs. Measured (bench/notes.md,
+// session 24, whole calls rs / inv pinned, no CP): 1x2048 (16,48), 48 items: 126.6 / 126.5 us;
+// 4x2048 (16,16), 64: 140.4 / 122.9; 1x1024+7168 (16,64), 73: 419.4 / 397.2; 4x2048 (8,24), 96:
+// 144.5 / 125.4; 2x1024 (2,8), 16: 58.7 / 68.2 (v4 wins).
 FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase phase);
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps

@@ -1,6 +1,6 @@
 // The forward's context-parallelism decision (runtime/forward.cpp, decide_cp): segment counts with
 // host lengths (exact) and without (a bound), forced and automatic modes; and the fused kernel the
-// automatic choice takes (auto_forward_kernel: v5 where the resident items fill the GPU without CP).
+// automatic choice takes (auto_forward_kernel: v5 where the resident items fill 40% of the SMs without CP).
 // Host code only (no GPU: 132 SMs assumed); built when the kernels are.
 #ifdef FLASHGDN_WITH_KERNELS
 #include <gtest/gtest.h>
@@ -80,18 +80,24 @@ TEST(AutoForwardKernel, ResidentItemsWeighLengths) {
   EXPECT_EQ(resident_items(in), 0.0);
 }
 
-TEST(AutoForwardKernel, InverseInsideOnlyForFullWavesWithoutCp) {
+TEST(AutoForwardKernel, InverseInsideFromTwoFifthsOfTheSmsWithoutCp) {
   const Inputs full = batch_inputs(4, 8192, 32, ContextParallel::kAuto);  // 128 of 132 SMs
   EXPECT_EQ(auto_forward_kernel(full, false, ShardPhase::kNone), FusedKernel::kInverseInside);
   EXPECT_EQ(auto_forward_kernel(full, true, ShardPhase::kNone), FusedKernel::kRegisterState);
   EXPECT_EQ(auto_forward_kernel(full, false, ShardPhase::kMaps), FusedKernel::kRegisterState);
-  const Inputs few = batch_inputs(2, 8192, 48, ContextParallel::kAuto);  // 96
+  const Inputs partial = batch_inputs(1, 2048, 64, ContextParallel::kAuto);  // 64 of 132 SMs
+  EXPECT_EQ(auto_forward_kernel(partial, false, ShardPhase::kNone), FusedKernel::kInverseInside);
+  const Inputs few = batch_inputs(1, 2048, 48, ContextParallel::kAuto);  // 48: below 52.8
   EXPECT_EQ(auto_forward_kernel(few, false, ShardPhase::kNone), FusedKernel::kRegisterState);
   const std::vector<int64_t> cu{0, 28672, 32768};  // 73 resident of 128 items
   int32_t device_stand_in = 0;
   Inputs mixed = batch_inputs(1, 32768, 64, ContextParallel::kAuto);
   mixed.varlen = {&device_stand_in, DType::kI32, 2, cu.data()};
-  EXPECT_EQ(auto_forward_kernel(mixed, false, ShardPhase::kNone), FusedKernel::kRegisterState);
+  EXPECT_EQ(auto_forward_kernel(mixed, false, ShardPhase::kNone), FusedKernel::kInverseInside);
+  const std::vector<int64_t> skewed{0, 31744, 32768};  // 496 and 16 chunks: 33 resident of 64 items
+  Inputs long_one = batch_inputs(1, 32768, 32, ContextParallel::kAuto);
+  long_one.varlen = {&device_stand_in, DType::kI32, 2, skewed.data()};
+  EXPECT_EQ(auto_forward_kernel(long_one, false, ShardPhase::kNone), FusedKernel::kRegisterState);
 }
 
 }  // namespace
