@@ -293,6 +293,21 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
 
 
 @pytest.mark.parametrize("regime", ["zero", "model"])
+def every_fused_kernel(x):
+    """o of each fused kernel (1-5, CP off) on batch inputs x, each checked against the float64
+    reference (check: o and the final state within tolerance)."""
+    N, Hv = x["v"].shape[0], x["v"].shape[2]
+    outs = []
+    for kernel in (1, 2, 3, 4, 5):
+        o = torch.full_like(x["v"], float("nan"))
+        final = torch.full((N, Hv, 128, 128), float("nan"), device="cuda")
+        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                     False, False, False, None, 1, 4, kernel=kernel)
+        print(f"kernel {kernel}:", check(x, o, final))
+        outs.append(o)
+    return outs
+
+
 def test_correlated_keys(seed, regime):
     """Keys sharing one direction a head (k_t = normalise(base + 0.5 noise)): L's entries near beta,
     the hardest inputs for the chunk inverse, and those where bench/forward_precision puts the
@@ -303,14 +318,7 @@ def test_correlated_keys(seed, regime):
     base = torch.randn(1, 1, 2, 128, device="cuda")
     x["k"] = torch.nn.functional.normalize(base + 0.5 * torch.randn(1, T, 2, 128, device="cuda"), dim=-1).to(
         torch.bfloat16)
-    outs = []
-    for kernel in (1, 2, 3, 4, 5):
-        o = torch.full_like(x["v"], float("nan"))
-        final = torch.full((1, 4, 128, 128), float("nan"), device="cuda")
-        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
-                     False, False, False, None, 1, 4, kernel=kernel)
-        print(f"kernel {kernel}:", check(x, o, final))
-        outs.append(o)
+    outs = every_fused_kernel(x)
     gap = rel_l2(outs[4], outs[1])
     print(f"inverse inside vs wgmma: o {gap:.2e}")
     assert gap <= 1e-2
@@ -322,12 +330,7 @@ def test_keys_longer_than_unit(seed):
     kernel within tolerance."""
     x = make_inputs(2, 1000, 2, 4, regime="model")
     x["k"] = (1.5 * x["k"].float()).to(torch.bfloat16)
-    for kernel in (1, 2, 3, 4, 5):
-        o = torch.full_like(x["v"], float("nan"))
-        final = torch.full((2, 4, 128, 128), float("nan"), device="cuda")
-        forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
-                     False, False, False, None, 1, 4, kernel=kernel)
-        print(f"kernel {kernel}:", check(x, o, final))
+    every_fused_kernel(x)
 
 
 def test_expansive_keys_fail_loudly(seed):
