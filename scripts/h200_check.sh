@@ -38,7 +38,10 @@
 #   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's,
 #   alternating, twice each (ab_baseline.log, ab_candidate.log: one machine, no spread between
 #   machines); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
-#   (FLASHGDN_COMMIT=baseline_<its sha>)
+#   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
+#   scripts/make_baseline.sh <ref> variant, carried too) builds a second candidate in build-variant,
+#   runs its own VARIANT_PYTEST (default tests/gpu/test_forward.py; its Python package and library) and
+#   times it in the same rounds (ab_variant.log): two candidates judged in one call
 # Anchor wheels carried under .whl/ (scripts/fetch_anchors.sh) are installed first
 # (scripts/install_anchors.sh) and put on PYTHONPATH.
 set -uo pipefail
@@ -268,27 +271,50 @@ if [ -n "${EXTRA:-}" ]; then  # EXTRA="command": one more measurement on this bu
   tail -n 40 "$OUT/extra.log"
 fi
 
+build_tree() {  # build_tree <tree> <build dir> <label>: a carried tree's library (no tests)
+  local start rc
+  start=$(date +%s)
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_BUILD_TESTS=OFF >"$OUT/build_$3.log" 2>&1 &&
+    cmake --build "$2" -j "$(nproc)" --target flashgdn_c >>"$OUT/build_$3.log" 2>&1
+  rc=$?
+  note "$3 $(cat "$1/COMMIT" 2>/dev/null || echo unknown) build rc=$rc in $(( $(date +%s) - start )) s"
+  return $rc
+}
+
 if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this machine
   baseline_sha=$(cat .carry/baseline/COMMIT 2>/dev/null || echo unknown)
-  start=$(date +%s)
-  cmake -S .carry/baseline -B build-baseline -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGDN_BUILD_TESTS=OFF \
-    >"$OUT/build_baseline.log" 2>&1 &&
-    cmake --build build-baseline -j "$(nproc)" --target flashgdn_c >>"$OUT/build_baseline.log" 2>&1
+  build_tree .carry/baseline build-baseline baseline
   rc=$?
-  note "baseline $baseline_sha build rc=$rc in $(( $(date +%s) - start )) s"
+  variant_sha=""
+  if [ -n "${VARIANT:-}" ] && build_tree .carry/variant build-variant variant; then
+    variant_sha=$(cat .carry/variant/COMMIT)
+    # the variant's own GPU tests, with its Python package and library
+    eval "variant_pytest=(${VARIANT_PYTEST:-tests/gpu/test_forward.py})"
+    (cd .carry/variant && FLASHGDN_LIBRARY=$PWD/../../build-variant/libflashgdn_c.so PYTHONPATH=$PWD/python \
+      timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest "${variant_pytest[@]}" -q -rfE -s) >"$OUT/pytest_variant.log" 2>&1
+    note "variant $variant_sha pytest rc=$?: $(tail -1 "$OUT/pytest_variant.log")"
+    grep -E "^FAILED|^ERROR" "$OUT/pytest_variant.log" | head -10
+  fi
   if [ $rc -eq 0 ]; then
     ab_cmd=${BASELINE_CMD:-python3 bench/kernel_breakdown.py 1x2048:2:8 1x8192:2:8 1x8192:2:4:bwd 1x32768:2:8 8x1024:2:8}
     : >"$OUT/ab_baseline.log"
     : >"$OUT/ab_candidate.log"
+    [ -n "$variant_sha" ] && : >"$OUT/ab_variant.log"
     for round in 1 2; do
       FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" \
         >>"$OUT/ab_baseline.log" 2>&1
       note "A/B round $round, baseline $baseline_sha rc=$?"
       timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_candidate.log" 2>&1
       note "A/B round $round, candidate ${FLASHGDN_COMMIT:-} rc=$?"
+      if [ -n "$variant_sha" ]; then
+        FLASHGDN_LIBRARY=$PWD/build-variant/libflashgdn_c.so timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" \
+          >>"$OUT/ab_variant.log" 2>&1
+        note "A/B round $round, variant $variant_sha rc=$?"
+      fi
     done
     echo "== baseline $baseline_sha"; tail -n 30 "$OUT/ab_baseline.log"
     echo "== candidate ${FLASHGDN_COMMIT:-}"; tail -n 30 "$OUT/ab_candidate.log"
+    [ -n "$variant_sha" ] && { echo "== variant $variant_sha"; tail -n 30 "$OUT/ab_variant.log"; }
     if [ -n "${BASELINE_TABLES:-}" ]; then
       for direction in fwd bwd; do
         FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so FLASHGDN_COMMIT=baseline_$baseline_sha \
