@@ -344,6 +344,69 @@ struct SplitTile {
   }
 };
 
+// The same products in plain fp16 (one mma a product, fp32 accumulation; operands rounded to fp16's
+// 11 bits): where the operands' range is known to fit fp16 and their result is stored in 16 bits
+// anyway (v5's in-kernel chunk inverse: bench/forward_precision puts the forward's o within 1.3% of
+// bf16x3's error in every regime).
+struct Fp16A {  // the m16n8k16 A fragment
+  uint32_t v[4];
+};
+struct Fp16B {  // one 16x8 B fragment
+  uint32_t v[2];
+};
+__device__ __forceinline__ void mma_merge(float (&acc)[4], const Fp16A& a, const Fp16B& b) {
+  mma_16816<__half>(acc, a.v, b.v[0], b.v[1]);
+}
+
+// A [kRows][kPitch] fp16 tile (row-major), SplitTile's interface with one part.
+template <int kRows, int kPitch>
+struct HalfTile {
+  static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
+  using A = Fp16A;
+  using B = Fp16B;
+  alignas(16) __half v[kRows * kPitch];
+
+  __device__ __forceinline__ void store(int row, int col, float x) { v[row * kPitch + col] = __float2half_rn(x); }
+  // (row, col) and (row, col + 1), col even.
+  __device__ __forceinline__ void store_pair(int row, int col, float x0, float x1) {
+    *reinterpret_cast<__half2*>(&v[row * kPitch + col]) = __floats2half2_rn(x0, x1);
+  }
+  // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read.
+  template <int kCount>
+  __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {
+    static_assert(kCount == 4 || kCount == 8, "8- or 16-byte vectors");
+    using Vector = std::conditional_t<kCount == 4, uint2, uint4>;
+    const Vector raw = *reinterpret_cast<const Vector*>(&v[row * kPitch + col]);
+    const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kCount / 2; ++i) {
+      const float2 pair = __half22float2(pairs[i]);
+      x[2 * i] = pair.x;
+      x[2 * i + 1] = pair.y;
+    }
+  }
+  // The A fragment of the 16x16 block at (m0, k0).
+  __device__ __forceinline__ void a_fragment(A& f, int m0, int k0) const {
+    load_a<Stored::kRowMajor>(f.v, v, kPitch, m0, k0);
+  }
+  // The B fragment of the 16x8 block at (k0, n0): rows k0 .. k0 + 15 by one ldmatrix.x2.trans.
+  __device__ __forceinline__ void b_fragment(B& f, int k0, int n0) const {
+    ldmatrix_x2_trans(f.v, v + (k0 + threadIdx.x % 16) * kPitch + n0);
+  }
+  // A [16,8] fp32 accumulator as the B fragment of a next product whose k runs over its rows: C's
+  // pairs (row r, columns 2c, 2c + 1) transposed by movmatrix into B's (rows k = 2c, 2c + 1, column
+  // n = r); no shared memory.
+  static __device__ __forceinline__ B as_b(const float (&acc)[4]) {
+    B f;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {  // q = 1: accumulator rows 8-15, B's k = 8..15
+      const __half2 pair = __floats2half2_rn(acc[2 * q], acc[2 * q + 1]);
+      f.v[q] = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&pair));
+    }
+    return f;
+  }
+};
+
 // 2^x by the special-function unit (max relative error about 2^-22; subnormal results flush to
 // zero). Gates are kept in log2 units so that every decay factor is one ex2 of a non-positive
 // argument.

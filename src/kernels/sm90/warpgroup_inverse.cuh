@@ -42,38 +42,7 @@ namespace flashgdn::kern {
 struct WarpgroupInverse {
   static constexpr int kPitch = kChunk + 8;  // fp16 elements a row: the 8 rows an ldmatrix reads hit distinct banks
 
-  // A [64][64] fp16 tile, row-major with pitch kPitch.
-  struct Tile {
-    static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
-    alignas(16) __half v[kChunk * kPitch];
-    __device__ __forceinline__ void store(int row, int col, float x) { v[row * kPitch + col] = __float2half_rn(x); }
-    // (row, col) and (row, col + 1), col even.
-    __device__ __forceinline__ void store_pair(int row, int col, float x0, float x1) {
-      *reinterpret_cast<__half2*>(&v[row * kPitch + col]) = __floats2half2_rn(x0, x1);
-    }
-    // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read.
-    template <int kCount>
-    __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {
-      static_assert(kCount == 4 || kCount == 8, "8- or 16-byte vectors");
-      using Vector = std::conditional_t<kCount == 4, uint2, uint4>;
-      const Vector raw = *reinterpret_cast<const Vector*>(&v[row * kPitch + col]);
-      const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kCount / 2; ++i) {
-        const float2 pair = __half22float2(pairs[i]);
-        x[2 * i] = pair.x;
-        x[2 * i + 1] = pair.y;
-      }
-    }
-    // The m16n8k16 A fragment of the 16x16 block at (m0, k0).
-    __device__ __forceinline__ void a_fragment(uint32_t (&f)[4], int m0, int k0) const {
-      load_a<Stored::kRowMajor>(f, v, kPitch, m0, k0);
-    }
-    // The B fragment of the 16x8 block at (k0, n0): rows k0 .. k0 + 15 by one ldmatrix.x2.trans.
-    __device__ __forceinline__ void b_fragment(uint32_t (&f)[2], int k0, int n0) const {
-      ldmatrix_x2_trans(f, v + (k0 + threadIdx.x % 16) * kPitch + n0);
-    }
-  };
+  using Tile = HalfTile<kChunk, kPitch>;  // [64][64] fp16, row-major
 
   struct Workspace {
     Tile l;                     // diag(beta) StrictLower(K K^T), the blocks left of the diagonal
@@ -156,14 +125,14 @@ struct WarpgroupInverse {
   static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
-    uint32_t a[4], x_block[2];
+    Fp16A a;
+    Fp16B x_block;
     float t[4] = {0.f, 0.f, 0.f, 0.f}, x_new[4] = {0.f, 0.f, 0.f, 0.f};
     ws.l.a_fragment(a, r0, r0 - 16);
     x.b_fragment(x_block, r0 - 16, n0);
-    mma_16816<__half>(t, a, x_block[0], x_block[1]);
+    mma_merge(t, a, x_block);
     x.a_fragment(a, r0, r0);
-    const Pair t_b = as_b(t);
-    mma_16816<__half>(x_new, a, t_b.k[0], t_b.k[1]);
+    mma_merge(x_new, a, Tile::as_b(t));
     store_negated(x, r0, n0, x_new);
   }
 
@@ -171,46 +140,31 @@ struct WarpgroupInverse {
   static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x) {
     const int warp = (threadIdx.x / 32) % 4;
     const int n0 = 8 * warp, first_kb = n0 / 16;
-    uint32_t a[4], x_block[2];
+    Fp16A a;
+    Fp16B x_block;
     float t2[4] = {0.f, 0.f, 0.f, 0.f}, t3[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (kb < first_kb) continue;  // X_A[kb, n] = 0 above the block diagonal
       x.b_fragment(x_block, 16 * kb, n0);
       ws.l.a_fragment(a, 32, 16 * kb);
-      mma_16816<__half>(t2, a, x_block[0], x_block[1]);
+      mma_merge(t2, a, x_block);
       ws.l.a_fragment(a, 48, 16 * kb);
-      mma_16816<__half>(t3, a, x_block[0], x_block[1]);
+      mma_merge(t3, a, x_block);
     }
-    const Pair t2_b = as_b(t2), t3_b = as_b(t3);
+    const Fp16B t2_b = Tile::as_b(t2), t3_b = Tile::as_b(t3);
     float x2[4] = {0.f, 0.f, 0.f, 0.f}, x3[4] = {0.f, 0.f, 0.f, 0.f};
     x.a_fragment(a, 32, 32);
-    mma_16816<__half>(x2, a, t2_b.k[0], t2_b.k[1]);
+    mma_merge(x2, a, t2_b);
     x.a_fragment(a, 48, 32);
-    mma_16816<__half>(x3, a, t2_b.k[0], t2_b.k[1]);
+    mma_merge(x3, a, t2_b);
     x.a_fragment(a, 48, 48);
-    mma_16816<__half>(x3, a, t3_b.k[0], t3_b.k[1]);
+    mma_merge(x3, a, t3_b);
     store_negated(x, 32, n0, x2);
     store_negated(x, 48, n0, x3);
   }
 
  private:
-  struct Pair {
-    uint32_t k[2];
-  };
-  // A [16,8] fp32 accumulator as the fp16 B fragment of a next product whose k runs over its rows:
-  // C's pairs (row r, columns 2c, 2c + 1) transposed by movmatrix into B's (rows k = 2c, 2c + 1,
-  // column n = r); no shared memory.
-  static __device__ __forceinline__ Pair as_b(const float (&acc)[4]) {
-    Pair f;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {  // q = 1: accumulator rows 8-15, B's k = 8..15
-      const __half2 pair = __floats2half2_rn(acc[2 * q], acc[2 * q + 1]);
-      f.k[q] = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&pair));
-    }
-    return f;
-  }
-
   // -(the [16,8] product at (r0, n0)) into an fp16 tile.
   static __device__ __forceinline__ void store_negated(Tile& tile, int r0, int n0, const float (&acc)[4]) {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
