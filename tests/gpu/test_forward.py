@@ -292,7 +292,6 @@ def test_wgmma_and_mma_sync_kernels(seed, case):
                          kernel=kernel)
 
 
-@pytest.mark.parametrize("regime", ["zero", "model"])
 def every_fused_kernel(x):
     """o of each fused kernel (1-5, CP off) on batch inputs x, each checked against the float64
     reference (check: o and the final state within tolerance)."""
@@ -308,6 +307,7 @@ def every_fused_kernel(x):
     return outs
 
 
+@pytest.mark.parametrize("regime", ["zero", "model"])
 def test_correlated_keys(seed, regime):
     """Keys sharing one direction a head (k_t = normalise(base + 0.5 noise)): L's entries near beta,
     the hardest inputs for the chunk inverse, and those where bench/forward_precision puts the
