@@ -4,11 +4,11 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where the grid would have under 2 CTAs a SM: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (43 KiB; 5 CTAs per SM with the bf16 inverse, 4 with fp32): K tile [64][136] bf16
-// (padded rows), sharing its bytes with X = A_r, kept split for bf16x3 (warp_mma.cuh SplitTile:
-// bf16 hi + lo [64][72] each; K is dead once K K^T is formed); StrictLower(K K^T) split the same
-// way, its diagonal blocks also in fp32 [4][16][16]; beta, gcum and the gated write's column factors
-// [4 heads][64].
+// Shared memory (34 KiB with the bf16 inverse, 5 CTAs per SM by registers; 43 KiB with fp32, 4): K
+// tile [64][136] bf16 (padded rows), sharing its bytes with X = A_r, one fp16 tile [64][72] (warp_mma.cuh
+// HalfTile) for the bf16 inverse, kept split for bf16x3 for the fp32 one (SplitTile: bf16 hi + lo
+// [64][72] each); K is dead once K K^T is formed; StrictLower(K K^T) the same way, its diagonal
+// blocks also in fp32 [4][16][16]; beta, gcum and the gated write's column factors [4 heads][64].
 // Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
 // its row scaling applied where L is used):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles; the
@@ -19,11 +19,13 @@
 //   3. for block rows i = 1, 2, 3, warp w < 2 i owning the 8 columns 8 w .. 8 w + 7 of the 16 i:
 //        T [16, 8]           = diag(beta_i) KK^T_{i, j:i} [16, 16 (i - j)] @ X_{j:i, 8w..} [16 (i - j), 8]
 //        X_{i, 8w..} [16, 8] = -X_ii [16,16] @ T [16, 8]                                  (j = w / 2)
-//      on tensor cores in bf16x3 (each fp32 operand split into bf16 hi + lo; hi.hi + hi.lo + lo.hi
-//      with fp32 accumulation: about 2^-16 relative error per product, below the bf16 storage of
-//      A_r and far below the forward's tolerance). KK^T and X fragments come by ldmatrix from their
-//      split tiles; T stays in registers (movmatrix turns its accumulator into the B fragment), so
-//      a block row needs one barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
+//      on tensor cores (mma_merge): for the fp32 inverse in bf16x3 (each fp32 operand split into bf16
+//      hi + lo; hi.hi + hi.lo + lo.hi with fp32 accumulation: about 2^-16 relative error per
+//      product), for the bf16 one in plain fp16 (one product; bench/forward_precision: the forward's
+//      o within 1.3% of bf16x3's error; |X| <= ~2 while beta |k|^2 <= 2, fp16's range otherwise
+//      at stake, as in v5). KK^T and X fragments come by ldmatrix from their tiles; T stays in
+//      registers (movmatrix turns its accumulator into the B fragment), so a block row needs one
+//      barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
 // 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
@@ -49,19 +51,23 @@ struct ChunkInverse {
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
   static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
-  using Split = SplitTile<kChunk, kPitchX>;
+  // The merges' operands: split for bf16x3 where the inverse is stored in fp32 (the backward's), plain
+  // fp16 where it is stored in 16 bits (the forward's A_r, as v5's in-kernel inverse).
+  using MergeTile =
+      std::conditional_t<std::is_same_v<InverseT, float>, SplitTile<kChunk, kPitchX>, HalfTile<kChunk, kPitchX>>;
 
   struct SharedStorage {
     union {
       alignas(16) Elem k[kChunk * kPitchK];
-      Split x;
+      MergeTile x;
     };
-    Split kk;                   // StrictLower(K K^T), split
+    MergeTile kk;               // StrictLower(K K^T)
     float kk_diag[4][16][16];  // its diagonal blocks in fp32
     float k_norm2[kChunk];     // K K^T's diagonal, |k_t|^2 (the window terms)
     alignas(16) float beta[kMaxHeadsPerCta][kChunk];
     alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
     alignas(16) float col_factor[kMaxHeadsPerCta][kChunk];  // gated: 2^(gcum_e - gcum_t) beta_t (write_rows)
+    int head_first, head_count;  // the CTA's head group (head_group)
   };
 
   // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group,
@@ -108,6 +114,7 @@ struct ChunkInverse {
       cp_async_16(&s.k[row * kPitchK + vec * 8], k_chunk + (valid ? row : 0) * p.k_strides.token + vec * 8, valid);
     }
     cp_async_commit();
+    if (threadIdx.x == 0) s.head_first = heads.first, s.head_count = heads.count;  // read after the barrier below
     const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
     if (p.chunk_gates != nullptr || gated) {  // the gates too (the forward's calls, the backward's pre-pass)
       if (warp < heads.count) {  // warp v: head v's beta (0 past the chunk), gcum and gate record
@@ -162,9 +169,11 @@ struct ChunkInverse {
     if (p.chunk_window_terms != nullptr && warp < heads.count)
       write_window_term(p, s, warp, heads.first + warp);
 
-    // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used.
+    // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used. (The
+    // head group comes from shared memory here: kept live in registers through the loop, it spills
+    // at the 48 registers of 5 CTAs a SM.)
 #pragma unroll 1
-    for (int v = 0; v < heads.count; ++v) {
+    for (int v = 0; v < s.head_count; ++v) {
       const float* beta = s.beta[v];
       // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
       if (warp < 4 && lane < 16) {
@@ -191,34 +200,35 @@ struct ChunkInverse {
         if (warp < 2 * i) {
           float t[4] = {0.f, 0.f, 0.f, 0.f};  // T [16, 8] = L_{i, kb} X_{kb, 8w..} summed over kb
           for (int kb = warp / 2; kb < i; ++kb) {  // X_{kb, j} = 0 above the block diagonal (kb < j = w / 2)
-            SplitA kk_block;
-            SplitB x_block;
+            typename MergeTile::A kk_block;
+            typename MergeTile::B x_block;
             s.kk.a_fragment(kk_block, r0, 16 * kb);
             s.x.b_fragment(x_block, 16 * kb, n0);
-            mma_bf16x3(t, kk_block, x_block);
+            mma_merge(t, kk_block, x_block);
           }
           const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
           const float beta_row = beta[row], beta_row8 = beta[row + 8];
           t[0] *= beta_row, t[1] *= beta_row, t[2] *= beta_row8, t[3] *= beta_row8;
-          SplitA x_diag;
+          typename MergeTile::A x_diag;
           s.x.a_fragment(x_diag, r0, r0);
           float x_new[4] = {0.f, 0.f, 0.f, 0.f};  // X_ii T, stored negated
-          mma_bf16x3(x_new, x_diag, accumulator_as_b(t));
+          mma_merge(x_new, x_diag, MergeTile::as_b(t));
           s.x.store_pair(row, col, -x_new[0], -x_new[1]);
           s.x.store_pair(row + 8, col, -x_new[2], -x_new[3]);
         }
         __syncthreads();
       }
 
+      const int h = s.head_first + v;
       if constexpr (std::is_same_v<InverseT, float>) {
-        write_fp32_rows(p, s, b, where, heads.first + v);
-        if (gated) write_rows<Elem, true>(p.gated_inverse_out, p, s, b, where, heads.first + v, v);
+        write_fp32_rows(p, s, b, where, h);
+        if (gated) write_rows<Elem, true>(p.gated_inverse_out, p, s, b, where, h, v);
       } else if (gated) {
-        write_rows<Elem, true>(p.inverse, p, s, b, where, heads.first + v, v);
+        write_rows<Elem, true>(p.inverse, p, s, b, where, h, v);
       } else {
-        write_rows<InverseT, false>(p.inverse, p, s, b, where, heads.first + v, v);
+        write_rows<InverseT, false>(p.inverse, p, s, b, where, h, v);
       }
-      if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
+      if (v + 1 < s.head_count) __syncthreads();  // X read before the next head's stage 2 writes it
     }
   }
 
