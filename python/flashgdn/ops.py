@@ -389,10 +389,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     the planner's). cp_decay_threshold: log-decay below which a head's segment needs no exact
     transition (error <= e^threshold of the state's norm).
 
-    Range: where it fills 40% of the GPU without CP, the forward forms each chunk's inverse
-    (I + strictly-lower beta K K^T)^-1 inside its fused kernel with fp16 products, which needs
-    beta_t |k_t|^2 <= 2 (the delta rule's non-expanding range; it holds with use_qk_l2norm_in_kernel
-    or unit keys and beta in (0, 2]).
+    Range: the forward's default (bf16) chunk inverse (I + strictly-lower beta K K^T)^-1 is formed
+    with fp16 products, which needs beta_t |k_t|^2 <= 2 (the delta rule's non-expanding range; it
+    holds with use_qk_l2norm_in_kernel or unit keys and beta in (0, 2]).
     Keys far longer can overflow fp16 there, and o then holds Inf / NaN (never finite and wrong);
     inverse_fp32=True (keyword) runs the fp32 inverse instead, for any keys.
     """

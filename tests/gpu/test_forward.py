@@ -336,16 +336,17 @@ def test_keys_longer_than_unit(seed):
 def test_expansive_keys_fail_loudly(seed):
     """Keys far outside the delta rule's non-expanding range (one shared direction, beta |k|^2 = 3.2:
     each token scales the state along it by -2.2, so the chunk inverse's entries reach 2.2^62, past
-    fp16): v5's fp16 merges overflow, and o must come back non-finite, never finite and wrong, while
+    fp16): the bf16 inverse's fp16 merges overflow, and o must come back non-finite, never finite and wrong, while
     the drop-in API's inverse_fp32 keyword gives the reference's answer."""
     x = make_inputs(1, 64, 1, 1, regime="zero", initial_state=False)
     x["k"] = (1.8 * torch.nn.functional.normalize(torch.randn(1, 1, 1, 128, device="cuda"), dim=-1)
               ).expand(1, 64, 1, 128).to(torch.bfloat16).contiguous()
     x["beta"] = torch.ones_like(x["beta"])
-    o = torch.full_like(x["v"], float("nan"))
-    forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, 128 ** -0.5,
-                 False, False, False, None, 1, kernel=5)
-    assert not torch.isfinite(o.float()).all()
+    for kernel in (4, 5):  # the bf16 inverse: chunk_inverse's merges (v4) and v5's, both fp16
+        o = torch.full_like(x["v"], float("nan"))
+        forward_into(o, None, x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, 128 ** -0.5,
+                     False, False, False, None, 1, kernel=kernel)
+        assert not torch.isfinite(o.float()).all(), f"kernel {kernel}"
     o32, _ = flashgdn.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], inverse_fp32=True)
     ref, _ = forward_f64(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5)
     assert torch.isfinite(o32.float()).all()
