@@ -67,7 +67,6 @@ struct ChunkInverse {
     alignas(16) float beta[kMaxHeadsPerCta][kChunk];
     alignas(16) float gcum[kMaxHeadsPerCta][kChunk];  // log2 units (chunk_gates.cuh)
     alignas(16) float col_factor[kMaxHeadsPerCta][kChunk];  // gated: 2^(gcum_e - gcum_t) beta_t (write_rows)
-    int head_first, head_count;  // the CTA's head group (head_group)
   };
 
   // The CTA's v-heads: `count` heads from `first`, all of q/k head hk (blockIdx.y = hk * groups + group,
@@ -114,7 +113,6 @@ struct ChunkInverse {
       cp_async_16(&s.k[row * kPitchK + vec * 8], k_chunk + (valid ? row : 0) * p.k_strides.token + vec * 8, valid);
     }
     cp_async_commit();
-    if (threadIdx.x == 0) s.head_first = heads.first, s.head_count = heads.count;  // read after the barrier below
     const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
     if (p.chunk_gates != nullptr || gated) {  // the gates too (the forward's calls, the backward's pre-pass)
       if (warp < heads.count) {  // warp v: head v's beta (0 past the chunk), gcum and gate record
@@ -169,11 +167,9 @@ struct ChunkInverse {
     if (p.chunk_window_terms != nullptr && warp < heads.count)
       write_window_term(p, s, warp, heads.first + warp);
 
-    // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used. (The
-    // head group comes from shared memory here: kept live in registers through the loop, it spills
-    // at the 48 registers of 5 CTAs a SM.)
+    // Per head v: L = diag(beta_v) StrictLower(K K^T), its rows scaled where they are used.
 #pragma unroll 1
-    for (int v = 0; v < s.head_count; ++v) {
+    for (int v = 0; v < heads.count; ++v) {
       const float* beta = s.beta[v];
       // 2. Diagonal blocks: X_ii[:, c] solves (I + L_ii) x = e_c (warp i, lane c).
       if (warp < 4 && lane < 16) {
@@ -219,7 +215,7 @@ struct ChunkInverse {
         __syncthreads();
       }
 
-      const int h = s.head_first + v;
+      const int h = heads.first + v;
       if constexpr (std::is_same_v<InverseT, float>) {
         write_fp32_rows(p, s, b, where, h);
         if (gated) write_rows<Elem, true>(p.gated_inverse_out, p, s, b, where, h, v);
@@ -228,7 +224,7 @@ struct ChunkInverse {
       } else {
         write_rows<InverseT, false>(p.inverse, p, s, b, where, h, v);
       }
-      if (v + 1 < s.head_count) __syncthreads();  // X read before the next head's stage 2 writes it
+      if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
     }
   }
 
@@ -279,7 +275,11 @@ struct ChunkInverse {
     static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
     constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
     Out* out = static_cast<Out*>(dst) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
-    for (int e = threadIdx.x; e < 16 * 16 * kBlockVecs; e += kThreads) {
+    // The thread's first vector, opaque to the compiler: its addresses are recomputed per head instead
+    // of being hoisted out of the head loop (live through it, they spill at 48 registers).
+    int first = threadIdx.x;
+    asm volatile("" : "+r"(first));
+    for (int e = first; e < 16 * 16 * kBlockVecs; e += kThreads) {
       const int block = e / (16 * kBlockVecs), i = e % (16 * kBlockVecs);
       const int block_row = block / 4, block_col = block % 4;
       const int row = 16 * block_row + i / kBlockVecs, col0 = 16 * block_col + kVecElems * (i % kBlockVecs);
