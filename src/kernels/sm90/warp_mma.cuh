@@ -295,6 +295,8 @@ __device__ __forceinline__ SplitB accumulator_as_b(const float (&acc)[4]) {
 template <int kRows, int kPitch>
 struct SplitTile {
   static_assert(kPitch % 8 == 0 && (kPitch / 8) % 2 == 1, "rows 16-byte aligned, an odd number of 16-byte units");
+  using A = SplitA;  // its fragments, for mma_merge
+  using B = SplitB;
   alignas(16) __nv_bfloat16 hi[kRows * kPitch];
   alignas(16) __nv_bfloat16 lo[kRows * kPitch];
 
@@ -342,11 +344,12 @@ struct SplitTile {
     ldmatrix_x4_trans(r, (m < 2 ? hi : lo) + (k0 + 8 * (m % 2) + lane % 8) * kPitch + n0);
     f.hi[0] = r[0], f.hi[1] = r[1], f.lo[0] = r[2], f.lo[1] = r[3];
   }
+  static __device__ __forceinline__ B as_b(const float (&acc)[4]) { return accumulator_as_b(acc); }
 };
 
 // The same products in plain fp16 (one mma a product, fp32 accumulation; operands rounded to fp16's
 // 11 bits): where the operands' range is known to fit fp16 and their result is stored in 16 bits
-// anyway (v5's in-kernel chunk inverse: bench/forward_precision puts the forward's o within 1.3% of
+// anyway (the bf16 chunk inverses, v5's and chunk_inverse's: bench/forward_precision puts the forward's o within 1.3% of
 // bf16x3's error in every regime).
 struct Fp16A {  // the m16n8k16 A fragment
   uint32_t v[4];
@@ -357,6 +360,7 @@ struct Fp16B {  // one 16x8 B fragment
 __device__ __forceinline__ void mma_merge(float (&acc)[4], const Fp16A& a, const Fp16B& b) {
   mma_16816<__half>(acc, a.v, b.v[0], b.v[1]);
 }
+__device__ __forceinline__ void mma_merge(float (&acc)[4], const SplitA& a, const SplitB& b) { mma_bf16x3(acc, a, b); }
 
 // A [kRows][kPitch] fp16 tile (row-major), SplitTile's interface with one part.
 template <int kRows, int kPitch>
