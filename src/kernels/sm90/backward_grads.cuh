@@ -122,12 +122,15 @@ struct BackwardGrads {
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     if (threadIdx.x % 4 == 0) dst[row] += x;
   }
-  // Sum over the 8 lanes of an accumulator column (a warp's 8 rows of one half).
-  static __device__ __forceinline__ float column_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 4);
-    x += __shfl_xor_sync(0xffffffffu, x, 8);
-    x += __shfl_xor_sync(0xffffffffu, x, 16);
-    return x;
+  // Sums over the 8 lanes of an accumulator column (a warp's 8 rows lane / 4) of a column pair held
+  // as x[0], x[1] (columns 2 (lane % 4) + d of a block): lanes 0-15 return column d = 0's, lanes
+  // 16-31 d = 1's (the first step trades halves, so a pair costs 3 shuffles, not 6).
+  static __device__ __forceinline__ float column_pair_sum(const float (&x)[2]) {
+    const bool upper = threadIdx.x % 32 >= 16;
+    float v = (upper ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, upper ? x[0] : x[1], 16);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    return v;
   }
 
   // A 64-column panel's elements at this thread's m64nN accumulator positions, by ldmatrix_x4 of
@@ -572,11 +575,12 @@ struct BackwardGrads {
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..
       float row_e[2] = {0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j) {
+        float col_e[2] = {0.f, 0.f}, col_beta[2] = {0.f, 0.f};  // columns col0 + d, both row halves
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int row = acc_row(e), col = 32 * group + acc_col(j, e);
-          float dp[2], dar[2], col_e[2], col_beta[2];
+          float dp[2], dar[2];
 #pragma unroll
           for (int d = 0; d < 2; ++d) {
             const int x = 4 * j + e + d;
@@ -586,22 +590,21 @@ struct BackwardGrads {
             dar[d] = t * s.beta[col + d];
             const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
             row_e[e / 2] += energy;
-            col_e[d] = energy;
-            col_beta[d] = t * a_r[x];
+            col_e[d] += energy;
+            col_beta[d] += t * a_r[x];
           }
           dpg[4 * j + e] = dp[0], dpg[4 * j + e + 1] = dp[1];  // dPg's registers now hold dP
           dag[4 * j + e] = dar[0], dag[4 * j + e + 1] = dar[1];  // dAg's registers now hold dA_r
-          // column terms: this (j, e) pair's two columns over the warp's 8 rows of half e / 2
-#pragma unroll
-          for (int d = 0; d < 2; ++d) {
-            const float ce = column_sum(col_e[d]), cb = column_sum(col_beta[d]);
-            if (lane < 4) {
-              dgs[col + d] -= ce;
-              s.dbeta_col[warp][col + d] += cb;
-            }
-            __syncwarp();
-          }
         }
+        // column terms of this j's column pair over the warp's 16 rows: lanes 16.. hold the second
+        const int col = 32 * group + acc_col(j, 0) + (lane >= 16 ? 1 : 0);
+        const float ce = column_pair_sum(col_e), cb = column_pair_sum(col_beta);
+        if (lane % 16 < 4) {
+          dgs[col] -= ce;
+          s.dbeta_col[warp][col] += cb;
+        }
+        __syncwarp();
+      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) add_row_sum(dgs, acc_row(2 * half), row_e[half]);
       store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
