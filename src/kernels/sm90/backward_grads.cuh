@@ -42,9 +42,10 @@
 //      rowsum(Q (.) dQ_a) - rowsum(K (.) dK_a) (E adds the last back: dg_s's dK_a term is a's alone)
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
-//      dM = diag(beta) dL -> Ag's bytes
-//   E  dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
-//      [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
+//      dM = diag(beta) dL -> Ag's bytes;  E's first terms, which need nothing from D, in flight
+//      under it (group 1 issues them under group 0's X, group 0 after X; waited for with Y, KK):
+//      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
+//   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
 //      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
@@ -168,6 +169,14 @@ struct BackwardGrads {
 #pragma unroll
     for (int half = 0; half < 2; ++half) add_row_sum(dst, acc_row(2 * half), sign * sum[half]);
     return sum[0] + sum[1];
+  }
+
+  // Stage E's first terms, which need nothing from stage D: dq += dP K, dk += dU S^T (K, S^T panel g
+  // "MN"), issued (not committed) onto the registers' dQ_a, dK_a.
+  static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk) {
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
+                                                            kHeadDim, true);
   }
 
   // This CTA's item after `index`: index + gridDim.x, or with bp.group_sums the next v-head of the
@@ -653,6 +662,11 @@ struct BackwardGrads {
       Tiles::store_fragments(s.pg, 0, [&](int j, int e) { return x[4 * j + e]; });
       wg::fence_shared_to_async();
     }
+    // Stage E's first terms need nothing from D: group 1 issues them under group 0's X, group 0 after
+    // it; waited for with Y, KK.
+    wg::fence();
+    issue_first_terms(s, group, dq, dk);
+    wg::commit();
     __syncthreads();
     {
       Acc32 y, kk;
@@ -663,6 +677,8 @@ struct BackwardGrads {
       wg::wait<0>();
       wg::fence_operand(y);
       wg::fence_operand(kk);
+      wg::fence_operand(dq);
+      wg::fence_operand(dk);
       float row_beta[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -679,7 +695,7 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
-    if (add_partial) {  // the group's running dq sum into dq (stage E accumulates onto it)
+    if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
       add_staged_partial(s, false, group, dq);
@@ -690,11 +706,8 @@ struct BackwardGrads {
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
     {
-      Acc dk_rest;  // dP^T Q + dM K + dM^T K, in the same round as dq's and dk's first terms
+      Acc dk_rest;  // dP^T Q + dM K + dM^T K
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk,
-                                                              s.st + group * kStatePanelBytes, kHeadDim, true);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16) {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
