@@ -43,7 +43,7 @@
 //   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
 //      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes;  E's first terms, which need nothing from D, in flight
-//      under it (group 1 issues them under group 0's X, group 0 after X; waited for with Y, KK):
+//      under it (group 1 issues them under group 0's X, group 0 right behind X; waited for with Y, KK):
 //      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
@@ -657,16 +657,17 @@ struct BackwardGrads {
       wg::fence();
       wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
       wg::commit();
-      wg::wait<0>();
+      issue_first_terms(s, group, dq, dk);  // behind X, running under X's store and the barrier
+      wg::commit();
+      wg::wait<1>();
       wg::fence_operand(x);
       Tiles::store_fragments(s.pg, 0, [&](int j, int e) { return x[4 * j + e]; });
       wg::fence_shared_to_async();
+    } else {  // idle under group 0's X: Stage E's first terms need nothing from D
+      wg::fence();
+      issue_first_terms(s, group, dq, dk);
+      wg::commit();
     }
-    // Stage E's first terms need nothing from D: group 1 issues them under group 0's X, group 0 after
-    // it; waited for with Y, KK.
-    wg::fence();
-    issue_first_terms(s, group, dq, dk);
-    wg::commit();
     __syncthreads();
     {
       Acc32 y, kk;
