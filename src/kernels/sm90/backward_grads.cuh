@@ -7,8 +7,8 @@
 // Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = chunk * Hv + h (a
 // chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
 // 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
-// set (V, dO, dS^T) is issued after stage C, its late set (K, Q, S^T, Ag, gate record) after stage
-// E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64 tokens; group g owns
+// set (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate
+// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64 tokens; group g owns
 // columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
 // (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
 // avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
@@ -108,7 +108,7 @@ struct BackwardGrads {
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
-    alignas(8) uint64_t early, late;  // the item's two load sets
+    alignas(8) uint64_t early, state, late;  // the item's three load sets
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
   };
@@ -219,11 +219,11 @@ struct BackwardGrads {
     return it;
   }
 
-  // The boxes of an item in two sets with one mbarrier each, so that the next item's loads run under
-  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C) and the late
-  // set (K, Q, S^T, Ag and the gate record: read up to stage E).
+  // The boxes of an item in three sets with one mbarrier each, so that the next item's loads run under
+  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C), S^T (read up to
+  // stage D) and the late set (K, Q, Ag and the gate record: read up to stage E).
   static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes;
-  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kStateTileBytes + kSquareTileBytes + 2 * kChunk * 4;
+  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kSquareTileBytes + 2 * kChunk * 4;
   static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it, int num_v_heads) {
     const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
     tma::arrive_expect_bytes(&s.early, kEarlyBytes);
@@ -242,11 +242,16 @@ struct BackwardGrads {
       const int col = 64 * panel;
       tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.late, col, it.hk, t0, b);
       tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
-      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.late, col, state_row(it, p.num_v_heads));
     }
     tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
     tma::load_bulk(s.gcum, p.chunk_gates + (it.chunk_id * p.num_v_heads + it.h) * 2 * kChunk, 2 * kChunk * 4,
                    &s.late);
+  }
+  static __device__ void issue_state(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
+                                     const Item& it) {
+    tma::arrive_expect_bytes(&s.state, kStateTileBytes);
+    for (int panel = 0; panel < 2; ++panel)
+      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.state, 64 * panel, state_row(it, p.num_v_heads));
   }
   static __device__ __forceinline__ int state_row(const Item& it, int num_v_heads) {
     return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
@@ -406,6 +411,7 @@ struct BackwardGrads {
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (threadIdx.x == kIssuer) {
       tma::barrier_init(&s.early, 1);
+      tma::barrier_init(&s.state, 1);
       tma::barrier_init(&s.late, 1);
       tma::barrier_init(&s.partial, 1);
       tma::barrier_init(&s.partial_dk, 1);
@@ -413,6 +419,7 @@ struct BackwardGrads {
       s.next = find_item(bp, first_index(bp), Item{});
       if (s.next.valid) {
         issue_early(maps, s, s.next, p.num_v_heads);
+        issue_state(p, maps, s, s.next);
         issue_late(p, maps, s, s.next);
       }
     }
@@ -430,8 +437,9 @@ struct BackwardGrads {
     if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
-  // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its two
-  // load sets are issued (after stage C and after stage E's wgmmas) and its A_r is loaded into a_r (under E's wgmmas).
+  // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its three
+  // load sets are issued (after stage C, after stage D and after stage E's wgmmas) and its A_r is loaded
+  // into a_r (under E's wgmmas).
   // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
   static __device__ __forceinline__ float* run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
                                                     SharedStorage& s, Acc32& a_r) {
@@ -461,6 +469,7 @@ struct BackwardGrads {
         warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
+    tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
     timeline_mark(p, group, it.ordinal, 1);
     if (rows < kChunk) zero_rows(s, rows);
@@ -696,6 +705,8 @@ struct BackwardGrads {
     }
     wg::fence_shared_to_async();
     __syncthreads();
+    // S^T's last readers (E's first terms) are done: the next item's S^T loads under stage E
+    if (threadIdx.x == kIssuer && s.next.valid) issue_state(p, maps, s, s.next);
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
