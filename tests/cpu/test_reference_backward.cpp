@@ -787,8 +787,12 @@ TEST(ReferenceBackward, KernelRoundingEmulation) {
     EXPECT_EQ(off.dg, exact.dg);
     EXPECT_EQ(off.dk, exact.dk);
     const bwd::HeadGrads dot = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.dot_state = true});
+    // dg's relative error has a heavy tail on one short chunk (T 40, 20000 seeds: median 9.4e-4,
+    // p99.9 7.7e-3, max 1.2e-2 for the dot; "all" median 4.0e-3, p99.9 2.0e-2, max 3.6e-2), where
+    // the other gradients stay under 6.3e-3: dg's bounds sit at 3x the largest seen, still far
+    // below a wrong emulation's O(1).
     EXPECT_GT(rel_l2(dot.dg, exact.dg), 0.0);
-    EXPECT_LT(rel_l2(dot.dg, exact.dg), 1e-2);
+    EXPECT_LT(rel_l2(dot.dg, exact.dg), 3e-2);
     EXPECT_EQ(dot.dk, exact.dk);  // the dot feeds dg only
     const bwd::HeadGrads last = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.dot_state = true, .exact_last_dot = true});
     if (T <= reference::kChunk) {
@@ -800,7 +804,7 @@ TEST(ReferenceBackward, KernelRoundingEmulation) {
     for (const auto& [name, got, want] : {std::tuple{"dq", &all.dq, &exact.dq}, std::tuple{"dk", &all.dk, &exact.dk},
                                           std::tuple{"dv", &all.dv, &exact.dv}, std::tuple{"dg", &all.dg, &exact.dg}}) {
       EXPECT_GT(rel_l2(*got, *want), 1e-6) << name;
-      EXPECT_LT(rel_l2(*got, *want), 5e-2) << name;
+      EXPECT_LT(rel_l2(*got, *want), got == &all.dg ? 1e-1 : 5e-2) << name;
     }
     // The pre-pass's roundings reach only the states entering chunks 1, 2, ...
     const bwd::HeadGrads pre = bwd::backward_chunked(c.h, c.d_o, c.d_sT, {.prepass_states = true});
