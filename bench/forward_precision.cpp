@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "chunk_inverse_emulation.h"
 #include "model_heads.h"
 #include "reference/forward_math.h"
 
@@ -33,95 +34,15 @@ namespace {
 
 constexpr int kC = 64, kD = 128;
 
-// x rounded to `bits` significant bits (round to nearest even); beyond `max`, infinity.
-double round_bits(double x, int bits, double max = 3.0e38) {
-  if (x == 0.0 || !std::isfinite(x)) return x;
-  int e = 0;
-  std::frexp(x, &e);
-  const double r = std::ldexp(std::nearbyint(std::ldexp(x, bits - e)), e - bits);
-  return std::fabs(r) > max ? std::copysign(INFINITY, r) : r;
-}
 double bf16(double x) { return flashgdn::bench::round_to_bf16(x); }
-double fp32(double x) { return static_cast<double>(static_cast<float>(x)); }
+double fp32(double x) { return flashgdn::bench::round_fp32(x); }
 
-// How the merges' operands reach the tensor cores.
-struct Format {
-  const char* name;
-  int bits;    // significant bits of one part
-  double max;  // the format's largest finite value
-  bool split;  // hi + lo parts, products hi.hi + hi.lo + lo.hi
-  bool exact;  // no emulation: X in float64
-};
-constexpr Format kFormats[] = {{"exact", 53, 1e308, false, true},
-                               {"bf16x3", 8, 3.0e38, true, false},
-                               {"bf16x1", 8, 3.0e38, false, false},
-                               {"fp16x1", 11, 65504.0, false, false}};
-
-struct Operand {
-  double hi = 0.0, lo = 0.0;
-};
-Operand operand(double x, const Format& f) {
-  Operand o;
-  o.hi = round_bits(x, f.bits, f.max);
-  if (f.split) o.lo = round_bits(x - o.hi, f.bits, f.max);
-  return o;
-}
-double product(const Operand& a, const Operand& b) { return a.hi * b.hi + a.hi * b.lo + a.lo * b.hi; }
+using Format = flashgdn::bench::InverseFormat;
+using flashgdn::bench::emulated_inverse;
+constexpr Format kFormats[] = {flashgdn::bench::kInverseExact, flashgdn::bench::kInverseBf16x3,
+                               flashgdn::bench::kInverseBf16x1, flashgdn::bench::kInverseFp16x1};
 
 using Matrix = std::vector<double>;  // [kC][kC], row-major
-
-// X = (I + L)^{-1} as warpgroup_inverse.cuh forms it, L strictly lower [kC][kC] (fp32 values).
-Matrix emulated_inverse(const Matrix& l, const Format& f) {
-  Matrix x(kC * kC, 0.0);
-  auto stored = [&](double v) {  // an X entry as its tile keeps it (what later products read)
-    const Operand o = operand(fp32(v), f);
-    return o.hi + o.lo;
-  };
-  // 2. diagonal blocks: column-oriented substitution in fp32
-  for (int w = 0; w < 4; ++w)
-    for (int c = 0; c < 16; ++c) {
-      float col[16];
-      for (int i = 0; i < 16; ++i) col[i] = i == c ? 1.f : 0.f;
-      for (int j = 0; j < 15; ++j)
-        for (int i = j + 1; i < 16; ++i)
-          col[i] -= static_cast<float>(l[(16 * w + i) * kC + 16 * w + j]) * col[j];
-      for (int i = 0; i < 16; ++i) x[(16 * w + i) * kC + 16 * w + c] = stored(col[i]);
-    }
-  // [rows r0.., cols c0..] @ [rows k0.., cols n0..], k over `depth`: fp32 sums of the operands' products
-  auto gemm = [&](const Matrix& a, int r0, int c0, const Matrix& b, int k0, int n0, int rows, int cols, int depth,
-                  std::vector<double>& out) {
-    out.assign(rows * cols, 0.0);
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < cols; ++j) {
-        double sum = 0.0;
-        for (int k = 0; k < depth; ++k)
-          sum += product(operand(a[(r0 + i) * kC + c0 + k], f), operand(b[(k0 + k) * kC + n0 + j], f));
-        out[i * cols + j] = fp32(sum);
-      }
-  };
-  // T as the next product's B operand, from a [rows][cols] scratch into a kC-pitched matrix
-  auto as_matrix = [&](const std::vector<double>& t, int rows, int cols) {
-    Matrix m(kC * kC, 0.0);
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < cols; ++j) m[i * kC + j] = t[i * cols + j];
-    return m;
-  };
-  std::vector<double> t, y;
-  // 3. 16 -> 32: X_{b,b-1} = -X_bb (L_{b,b-1} X_{b-1,b-1}), b = 1, 3
-  for (int b : {1, 3}) {
-    const int r0 = 16 * b;
-    gemm(l, r0, r0 - 16, x, r0 - 16, r0 - 16, 16, 16, 16, t);
-    gemm(x, r0, r0, as_matrix(t, 16, 16), 0, 0, 16, 16, 16, y);
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) x[(r0 + i) * kC + r0 - 16 + j] = stored(-y[i * 16 + j]);
-  }
-  // 4. 32 -> 64: T = L[32:64, 0:32] X_A; X[32:64, 0:32] = -X_B T
-  gemm(l, 32, 0, x, 0, 0, 32, 32, 32, t);
-  gemm(x, 32, 32, as_matrix(t, 32, 32), 0, 0, 32, 32, 32, y);
-  for (int i = 0; i < 32; ++i)
-    for (int j = 0; j < 32; ++j) x[(32 + i) * kC + j] = stored(-y[i * 32 + j]);
-  return x;
-}
 
 // Which of the kernel's bf16 operands are rounded (the inverse's own formats aside).
 struct Roundings {

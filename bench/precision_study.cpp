@@ -17,18 +17,26 @@
 //   ds3, ds1     the dS pass's recurrence with its bf16 operands (KernelRounding::ds_pass): three
 //                dependent rounds a chunk as today, or one round with the chunk's map folded first
 //   pre+ds3, pre+ds1   pre with either
-// The summary also gives the worst relative L2 errors of dv, dk and dh0 (the gradient of the initial
-// state) for each emulation.
+//   pre+inv3, pre+inv16   pre+ds3 with the chunk inverse as the kernels form it: its merges in split
+//                bf16 (bf16x3, the backward's fp32 inverse today) or in fp16 (fp16x1, the forward's bf16
+//                inverse since candidate-s41), bench/chunk_inverse_emulation.h
+// The summary also gives the worst relative L2 errors of dq, dk, dv, dbeta and dh0 (the gradient of
+// the initial state) for each emulation.
 //
-//   build/bench/precision_study [T] [seeds] [heads]      (defaults 4133 4 4; about 3 s per head-run)
+// Inputs: the "model" regime, or with [regime] correlated keys (k_t = normalise(base + 0.5 noise), one
+// base a head: the chunk inverse's hardest), g = 0 (g0), or both (correlated-g0); [runs]: a comma-separated
+// list of the emulations to run (default all).
+//   build/bench/precision_study [T] [seeds] [heads] [regime] [runs]   (defaults 4133 4 4 model; ~3 s a head-run)
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "chunk_inverse_emulation.h"
 #include "model_heads.h"
 #include "reference/backward.h"
 
@@ -36,6 +44,13 @@ using flashgdn::reference::HeadInputs;
 namespace bwd = flashgdn::reference::bwd;
 
 namespace {
+
+std::vector<double> inverse_bf16x3(const std::vector<double>& lower) {
+  return flashgdn::bench::emulated_inverse(lower, flashgdn::bench::kInverseBf16x3);
+}
+std::vector<double> inverse_fp16x1(const std::vector<double>& lower) {
+  return flashgdn::bench::emulated_inverse(lower, flashgdn::bench::kInverseFp16x1);
+}
 
 struct Emulation {
   std::string name;
@@ -59,6 +74,9 @@ std::vector<Emulation> emulations() {
                              .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds}});
   out.push_back({"pre+ds1", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
                              .prepass_exact_update = true, .ds_pass = bwd::DsPass::kOneRound}});
+  for (const auto& [name, inverse] : {std::pair{"pre+inv3", &inverse_bf16x3}, std::pair{"pre+inv16", &inverse_fp16x1}})
+    out.push_back({name, {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                          .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds, .inverse = inverse}});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});
@@ -70,11 +88,27 @@ std::vector<Emulation> emulations() {
 int main(int argc, char** argv) {
   const int64_t T = argc > 1 ? std::atoll(argv[1]) : 4133;
   const int seeds = argc > 2 ? std::atoi(argv[2]) : 4, heads = argc > 3 ? std::atoi(argv[3]) : 4;
-  const std::vector<Emulation> runs = emulations();
+  const std::string regime = argc > 4 ? argv[4] : "model";
+  if (regime != "model" && regime != "correlated" && regime != "g0" && regime != "correlated-g0") {
+    std::fprintf(stderr, "regime: model, correlated, g0 or correlated-g0 (got %s)\n", regime.c_str());
+    return 2;
+  }
+  const flashgdn::bench::HeadOptions options{.correlated_keys = regime.starts_with("correlated"),
+                                             .gate_free = regime.ends_with("g0")};
+  std::vector<Emulation> runs = emulations();
+  if (argc > 5) {
+    const std::string wanted = std::string(",") + argv[5] + ",";
+    std::erase_if(runs, [&](const Emulation& e) { return wanted.find("," + e.name + ",") == std::string::npos; });
+    if (runs.empty()) {
+      std::fprintf(stderr, "runs: none of %s is an emulation\n", argv[5]);
+      return 2;
+    }
+  }
+  std::printf("regime %s\n", regime.c_str());
   std::vector<double> worst(runs.size(), 0.0), worst_last(runs.size(), 0.0);
-  // dv, dk, dh0: per run the worst relative L2 error over the seeds (errors and norms summed over heads)
-  constexpr int kOther = 3;
-  constexpr const char* kOtherNames[kOther] = {"dv", "dk", "dh0"};
+  // dq, dk, dv, dbeta, dh0: per run the worst relative L2 error over the seeds (errors and norms summed over heads)
+  constexpr int kOther = 5;
+  constexpr const char* kOtherNames[kOther] = {"dq", "dk", "dv", "dbeta", "dh0"};
   std::vector<std::array<double, kOther>> worst_other(runs.size(), std::array<double, kOther>{});
   const int64_t last_chunk_start = (T - 1) / 64 * 64;
   for (int seed = 0; seed < seeds; ++seed) {
@@ -92,7 +126,7 @@ int main(int argc, char** argv) {
       }
     };
     for (int h = 0; h < heads; ++h) {
-      const HeadInputs in = flashgdn::bench::model_head(rng, T);
+      const HeadInputs in = flashgdn::bench::model_head(rng, T, options);
       std::vector<double> d_o(T * 128), dht(128 * 128);
       for (double& x : d_o) x = normal(rng);
       for (double& x : dht) x = normal(rng);
@@ -105,9 +139,11 @@ int main(int argc, char** argv) {
         const bwd::HeadGrads got = bwd::backward_chunked(in, d_o, dht, runs[r].rounding);
         std::array<double, kOther> unused{};
         std::array<double, kOther>& norms = r == 0 ? other_norm2 : unused;  // the exact norms, once
-        add_squares(got.dv, exact.dv, other_squared[r][0], norms[0]);
+        add_squares(got.dq, exact.dq, other_squared[r][0], norms[0]);
         add_squares(got.dk, exact.dk, other_squared[r][1], norms[1]);
-        add_squares(got.ds0, exact.ds0, other_squared[r][2], norms[2]);
+        add_squares(got.dv, exact.dv, other_squared[r][2], norms[2]);
+        add_squares(got.dbeta, exact.dbeta, other_squared[r][3], norms[3]);
+        add_squares(got.ds0, exact.ds0, other_squared[r][4], norms[4]);
         for (int64_t t = 0; t < T; ++t) {
           const double e = std::fabs(got.dg[t] - exact.dg[t]);
           squared[r] += e * e;

@@ -46,6 +46,10 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //   prepass_states  the pre-pass's state recurrence as v4 runs it (S fp32 between chunks): S rounded as
 //                   the operand of Vd's U = K S, and rho Vd rounded as the update's operand
 //                   (S' = e^gamma S + K^T (rho Vd)), unless prepass_exact_update (a hi + lo split there);
+//   inverse         the chunk inverse as the kernels form it (every use: the pre-pass, the dS pass and
+//                   the gradient pass read one A_r), from L = diag(beta) StrictLower(K K^T) [64][64]
+//                   (fp32 values, a partial chunk's rows past its end zero) to X [64][64]; null: exact
+//                   (bench/chunk_inverse_emulation.h has the kernels' formats);
 //   ds_pass         the dS pass's own recurrence (D = dS fp32 between chunks, every wgmma operand bf16)
 //                   in place of the exact dS_prev: kThreeRounds as backward_ds_pass.cuh runs it
 //                   (dVd = (rho K) D + Pg^T dO, dU = (-Ag Gamma)^T dVd, D' = e^gamma D + K^T dU + (s Gamma Q)^T dO),
@@ -57,6 +61,7 @@ struct KernelRounding {
   unsigned tile_mask = ~0u;
   bool prepass_states = false, prepass_exact_update = false;
   DsPass ds_pass = DsPass::kExact;
+  std::vector<double> (*inverse)(const std::vector<double>& lower) = nullptr;
 };
 inline constexpr const char* kTileNames[] = {"Ag", "W", "Pg", "A_r", "Vd", "dVd", "dA_r", "X", "dP", "dU", "dM"};
 

@@ -111,7 +111,7 @@ struct ChunkFwd {
 };
 
 ChunkFwd recompute(const HeadInputs& h, const std::vector<double>* d_o, int64_t t0, int n,
-                   const Mat& S) {
+                   const Mat& S, std::vector<double> (*inverse)(const std::vector<double>&) = nullptr) {
   const int Kd = h.K, Vd = h.V;
   ChunkFwd c;
   c.n = n;
@@ -137,11 +137,20 @@ ChunkFwd recompute(const HeadInputs& h, const std::vector<double>* d_o, int64_t 
   // A_r = (I + StrictLower(diag(β) KK))⁻¹ by forward substitution, row by row:
   // A_r[i,:] = e_i − Σ_{j<i} β_i KK[i,j] A_r[j,:].
   c.Ar.assign(static_cast<size_t>(n) * n, 0.0);
-  for (int i = 0; i < n; ++i) {
-    c.Ar[i * n + i] = 1.0;
-    for (int j = 0; j < i; ++j) {
-      const double l = c.beta[i] * c.KK[i * n + j];
-      for (int m = 0; m <= j; ++m) c.Ar[i * n + m] -= l * c.Ar[j * n + m];
+  if (inverse) {  // the kernels' inverse from L in fp32, padded to a whole chunk
+    Mat lower(static_cast<size_t>(kChunk) * kChunk, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j) lower[i * kChunk + j] = static_cast<float>(c.beta[i] * c.KK[i * n + j]);
+    const Mat x = inverse(lower);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j <= i; ++j) c.Ar[i * n + j] = x[i * kChunk + j];
+  } else {
+    for (int i = 0; i < n; ++i) {
+      c.Ar[i * n + i] = 1.0;
+      for (int j = 0; j < i; ++j) {
+        const double l = c.beta[i] * c.KK[i * n + j];
+        for (int m = 0; m <= j; ++m) c.Ar[i * n + m] -= l * c.Ar[j * n + m];
+      }
     }
   }
   c.Ag.assign(static_cast<size_t>(n) * n, 0.0);
@@ -246,11 +255,11 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
     entering.push_back(S);
     if (!rounding.prepass_states) {
-      S = next_state(recompute(h, nullptr, t0, n, S), S, Kd, Vd);
+      S = next_state(recompute(h, nullptr, t0, n, S, rounding.inverse), S, Kd, Vd);
       continue;
     }
     Mat S_r;
-    const ChunkFwd cf = recompute(h, nullptr, t0, n, rounded(true, S, S_r));
+    const ChunkFwd cf = recompute(h, nullptr, t0, n, rounded(true, S, S_r), rounding.inverse);
     Mat rv = cf.Vd;  // [n,V] rho Vd, the update's operand
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < Vd; ++j) rv[i * Vd + j] *= cf.rho[i];
@@ -276,7 +285,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const Mat& S0 = rounding.operand_states ? S_bf16 : S_exact;
     const Mat& S_dot = dot_rounded ? S_bf16 : S_exact;
     const Mat& dSo = rounded(rounding.operand_states, dS, dS_r);
-    const ChunkFwd c = recompute(h, &d_o, t0, n, S0);
+    const ChunkFwd c = recompute(h, &d_o, t0, n, S0, rounding.inverse);
     const Mat& Ag_t = rounded(tiled(0), c.Ag, Ag_r);
     const Mat& W_t = rounded(tiled(1), c.W, W_r);
     const Mat& Pg_t = rounded(tiled(2), c.Pg, Pg_r);
