@@ -17,7 +17,9 @@
 //   ds3, ds1     the dS pass's recurrence with its bf16 operands (KernelRounding::ds_pass): three
 //                dependent rounds a chunk as today, or one round with the chunk's map folded first
 //   pre+ds3, pre+ds1   pre with either
-//   pre+inv3, pre+inv16   pre+ds3 with the chunk inverse as the kernels form it: its merges in split
+//   pre+a32      pre+ds3 with dg's a term from the fp32 products, as the gradient pass takes it
+//                (KernelRounding::fp32_a): the emulation nearest today's kernels
+//   pre+inv3, pre+inv16   pre+a32 with the chunk inverse as the kernels form it: its merges in split
 //                bf16 (bf16x3, the backward's fp32 inverse today) or in fp16 (fp16x1, the forward's bf16
 //                inverse since candidate-s41), bench/chunk_inverse_emulation.h
 // The summary also gives the worst relative L2 errors of dq, dk, dv, dbeta and dh0 (the gradient of
@@ -74,9 +76,12 @@ std::vector<Emulation> emulations() {
                              .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds}});
   out.push_back({"pre+ds1", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
                              .prepass_exact_update = true, .ds_pass = bwd::DsPass::kOneRound}});
+  out.push_back({"pre+a32", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                             .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds}});
   for (const auto& [name, inverse] : {std::pair{"pre+inv3", &inverse_bf16x3}, std::pair{"pre+inv16", &inverse_fp16x1}})
     out.push_back({name, {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                          .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds, .inverse = inverse}});
+                          .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds,
+                          .inverse = inverse}});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});

@@ -290,8 +290,10 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const Mat& W_t = rounded(tiled(1), c.W, W_r);
     const Mat& Pg_t = rounded(tiled(2), c.Pg, Pg_r);
     const Mat& Ar_t = rounded(tiled(3), c.Ar, Ar_r);
+    Mat Vd_acc;  // Vd as the fp32 accumulator holds it, before its tile's rounding
     if (rounding.tiles && !(rounding.exact_last_vd && last)) {  // Vd from the rounded Ag and W
       Vd_r = mm(Ag_t, W_t, n, n, Vd);
+      if (rounding.fp32_a) Vd_acc = Vd_r;
       round_in_place(tiled(4), Vd_r);
     }
     const Mat& Vd_t = Vd_r.empty() ? c.Vd : Vd_r;
@@ -370,9 +372,12 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     double dgamma = 0.0;
     for (int i = 0; i < n; ++i) {
       double qa = 0.0, ka = 0.0, uu = 0.0;
-      for (int k = 0; k < Kd; ++k) {
-        qa += c.Q[i * Kd + k] * dQa[i * Kd + k];
-        ka += c.K[i * Kd + k] * dKa[i * Kd + k];
+      for (int k = 0; k < Kd; ++k) qa += c.Q[i * Kd + k] * dQa[i * Kd + k];
+      if (rounding.fp32_a && !Vd_acc.empty()) {  // rho_i sum_j (K dS)_ij Vd_ij
+        for (int j = 0; j < Vd; ++j) ka += KdS[i * Vd + j] * Vd_acc[i * Vd + j];
+        ka *= c.rho[i];
+      } else {
+        for (int k = 0; k < Kd; ++k) ka += c.K[i * Kd + k] * dKa[i * Kd + k];
       }
       for (int j = 0; j < Vd; ++j) uu += dU[i * Vd + j] * c.U[i * Vd + j];
       dgs[i] += qa + uu - ka;
