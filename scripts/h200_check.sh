@@ -300,15 +300,18 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     : >"$OUT/ab_baseline.log"
     : >"$OUT/ab_candidate.log"
     [ -n "$variant_sha" ] && : >"$OUT/ab_variant.log"
+    # each library with its own tree's Python package (the ctypes mirrors must match its structs:
+    # flashgdn_struct_sizes), the working tree's scripts and anchors
+    own_python() { echo "$PWD/$1/python${PYTHONPATH#"$PWD/python"}"; }
     for round in 1 2; do
-      FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" \
-        >>"$OUT/ab_baseline.log" 2>&1
+      FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so PYTHONPATH=$(own_python .carry/baseline) \
+        timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_baseline.log" 2>&1
       note "A/B round $round, baseline $baseline_sha rc=$?"
       timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_candidate.log" 2>&1
       note "A/B round $round, candidate ${FLASHGDN_COMMIT:-} rc=$?"
       if [ -n "$variant_sha" ]; then
-        FLASHGDN_LIBRARY=$PWD/build-variant/libflashgdn_c.so timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" \
-          >>"$OUT/ab_variant.log" 2>&1
+        FLASHGDN_LIBRARY=$PWD/build-variant/libflashgdn_c.so PYTHONPATH=$(own_python .carry/variant) \
+          timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_variant.log" 2>&1
         note "A/B round $round, variant $variant_sha rc=$?"
       fi
     done
@@ -317,8 +320,8 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     [ -n "$variant_sha" ] && { echo "== variant $variant_sha"; tail -n 30 "$OUT/ab_variant.log"; }
     if [ -n "${BASELINE_TABLES:-}" ]; then
       for direction in fwd bwd; do
-        FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so FLASHGDN_COMMIT=baseline_$baseline_sha \
-          timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction $direction --no-plots ${BENCH_ARGS:-} \
+        FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so PYTHONPATH=$(own_python .carry/baseline) \
+          FLASHGDN_COMMIT=baseline_$baseline_sha timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench --direction $direction --no-plots ${BENCH_ARGS:-} \
           --out "$OUT" >"$OUT/bench_baseline_$direction.log" 2>&1
         note "baseline $direction bench rc=$?"
       done
