@@ -35,7 +35,8 @@
 #   its log extra.log, e.g. "python3 bench/kernel_breakdown.py"),
 #   BASELINE=1 (every mode but stage, dist and bench; needs .carry/baseline from scripts/make_baseline.sh
 #   <ref>, carried): that tree's library built in build-baseline, then BASELINE_CMD (default: the
-#   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's,
+#   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's (each
+#   through its own tree's Python package),
 #   alternating, twice each (ab_baseline.log, ab_candidate.log: one machine, no spread between
 #   machines); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
 #   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
