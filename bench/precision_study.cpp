@@ -37,7 +37,6 @@
 #include <cstdlib>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "chunk_inverse_emulation.h"
@@ -69,24 +68,27 @@ std::vector<Emulation> emulations() {
                                 {"all+lastdot", {.exact_last_dot = true, .operand_states = true, .tiles = true}},
                                 {"all+lastVd", {.operand_states = true, .tiles = true, .exact_last_vd = true}},
                                 {"all+last", {.exact_last_dot = true, .operand_states = true, .tiles = true, .exact_last_vd = true}}};
-  out.push_back({"pre", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true}});
-  out.push_back({"pre+hilo", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                              .prepass_exact_update = true}});
+  // The pre-pass emulations, each a switch or two on top of another.
+  const auto with = [](bwd::KernelRounding r, auto change) {
+    change(r);
+    return r;
+  };
+  const bwd::KernelRounding pre{.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true};
+  const bwd::KernelRounding hilo = with(pre, [](auto& r) { r.prepass_exact_update = true; });
+  const bwd::KernelRounding a32 = with(hilo, [](auto& r) {
+    r.fp32_a = true;
+    r.ds_pass = bwd::DsPass::kThreeRounds;
+  });
+  out.push_back({"pre", pre});
+  out.push_back({"pre+hilo", hilo});
   out.push_back({"ds3", {.ds_pass = bwd::DsPass::kThreeRounds}});
   out.push_back({"ds1", {.ds_pass = bwd::DsPass::kOneRound}});
-  out.push_back({"pre+ds3", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                             .prepass_exact_update = true, .ds_pass = bwd::DsPass::kThreeRounds}});
-  out.push_back({"pre+ds1", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                             .prepass_exact_update = true, .ds_pass = bwd::DsPass::kOneRound}});
-  out.push_back({"pre+a32", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                             .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds}});
-  out.push_back({"pre+dot16", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                               .prepass_exact_update = true, .fp32_a = true, .dot_grad_state = true,
-                               .ds_pass = bwd::DsPass::kThreeRounds}});
-  for (const auto& [name, inverse] : {std::pair{"pre+inv3", &inverse_bf16x3}, std::pair{"pre+inv16", &inverse_fp16x1}})
-    out.push_back({name, {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
-                          .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds,
-                          .inverse = inverse}});
+  out.push_back({"pre+ds3", with(hilo, [](auto& r) { r.ds_pass = bwd::DsPass::kThreeRounds; })});
+  out.push_back({"pre+ds1", with(hilo, [](auto& r) { r.ds_pass = bwd::DsPass::kOneRound; })});
+  out.push_back({"pre+a32", a32});
+  out.push_back({"pre+dot16", with(a32, [](auto& r) { r.dot_grad_state = true; })});
+  out.push_back({"pre+inv3", with(a32, [](auto& r) { r.inverse = &inverse_bf16x3; })});
+  out.push_back({"pre+inv16", with(a32, [](auto& r) { r.inverse = &inverse_fp16x1; })});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});
