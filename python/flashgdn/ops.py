@@ -296,8 +296,8 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
                   workspace: Optional[torch.Tensor] = None, inverse_fp32: bool = False) -> Optional[torch.Tensor]:
     """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
     context_parallel etc. as for forward_into (the backward's own intra-card CP). inverse_fp32: the
-    chunk inverse merged in split bf16 (any keys) instead of fp16 (beta |k|^2 <= 2; past it the
-    gradients come back non-finite), as forward_into's.
+    chunk inverse merged in split bf16 (keys past the range) instead of fp16 (beta |k|^2 <= 2; keys
+    far past it overflow fp16 and the gradients come back non-finite), as forward_into's.
 
     Shard phases (flashgdn.distributed; flashgdn::BackwardProblem): shard_phase=1 writes only
     shard_grad, fp32 contiguous [N, Hv, K, V], the gradient that do alone sends into each
