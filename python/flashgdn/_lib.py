@@ -41,7 +41,7 @@ class ForwardOutputs(ctypes.Structure):
 class BackwardTensors(ctypes.Structure):
     _fields_ = [(name, Tensor) for name in
                 ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")] + [
-        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor)]
+        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32)]
 
 
 class FlashGDNError(RuntimeError):

@@ -77,6 +77,7 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.d_initial_state = to_ref(g->d_initial_state);
   p.shard_phase = static_cast<ShardPhase>(g->shard_phase);
   p.shard_grad = to_ref(g->shard_grad);
+  p.inverse_fp32 = g->inverse_fp32 != 0;
   return p;
 }
 

@@ -52,6 +52,7 @@ typedef struct {
   flashgdn_tensor d_o, d_final_state, dq, dk, dv, dg, dbeta, d_initial_state;
   int32_t shard_phase;        /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_grad; /* phase 1 output: fp32 [N, Hv, K, V] */
+  int32_t inverse_fp32;       /* 1: the chunk inverse merged in split bf16 (BackwardProblem::inverse_fp32) */
 } flashgdn_backward_tensors;
 
 const char* flashgdn_version(void);

@@ -165,7 +165,8 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   // backward's leading windows, the pre-pass's trailing ones) scan those sums, not every token's K.
   if (layout.cp.enabled) p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
   if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
-    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+    const kern::InverseMerges merges = problem.inverse_fp32 ? kern::InverseMerges::kSplit : kern::InverseMerges::kHalf;
+    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, merges, stream); !s.ok()) return s;
   }
   if (layout.cp.enabled) {  // leading windows first: the pre-pass forms M_j where they are missing
     bind_cp(p, in, layout.cp, layout.cp_regions, ws);

@@ -304,6 +304,34 @@ def test_strided_inputs(seed):
     check(x, grads, do, dht)
 
 
+def test_expansive_keys_fail_loudly(seed):
+    """Keys past the delta rule's non-expanding range (one shared direction, beta |k|^2 = 2.4: each
+    token scales the state along it by -1.4, so the chunk inverse's entries reach 1.4^62 ~ 1e9, past
+    fp16): the backward's default fp16 merges overflow and some gradient comes back non-finite, never
+    all finite and wrong; inverse_fp32 (split bf16 merges) gives the oracle's gradients, and autograd
+    takes the forward call's inverse_fp32 (test_forward.py's twin)."""
+    x = make_inputs(1, 64, 1, 1, regime="zero", initial_state=False)
+    x["k"] = (2.4 ** 0.5 * torch.nn.functional.normalize(torch.randn(1, 1, 1, 128, device="cuda"), dim=-1)
+              ).expand(1, 64, 1, 128).to(torch.bfloat16).contiguous()
+    x["beta"] = torch.ones_like(x["beta"])
+    do, _ = upstream(x, with_dht=False)
+    names = ("dq", "dk", "dv", "dg", "dbeta")
+    grads = {n: None if t is None else torch.zeros_like(t) for n, t in poisoned_grads(x).items()}  # unwritten: finite
+    backward_into(*(grads[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, None, None, None,
+                  128 ** -0.5, False, False, None, 1)
+    assert not all(torch.isfinite(grads[n].float()).all() for n in names)
+    grads32 = poisoned_grads(x)
+    backward_into(*(grads32[n] for n in GRADS), *(x[n] for n in ("q", "k", "v", "g", "beta")), do, None, None, None,
+                  128 ** -0.5, False, False, None, 1, inverse_fp32=True)
+    print("inverse_fp32:", check(x, grads32, do, tol=dict(TOL, dg=5e-2, dbeta=5e-2)))
+    leaves = {n: x[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")}
+    o, _ = flashgdn.chunk_gated_delta_rule(*(leaves[n] for n in ("q", "k", "v", "g", "beta")), inverse_fp32=True)
+    o.backward(do)
+    for leaf, name in zip(("q", "k", "v", "g", "beta"), names):
+        assert torch.isfinite(leaves[leaf].grad.float()).all(), name
+        assert rel_l2(leaves[leaf].grad, grads32[name]) <= 1e-2, name
+
+
 @pytest.mark.parametrize("regime", ["mixed", "model"])
 def test_long_sequence(seed, regime):
     x = make_inputs(1, 32768, 2, 4, regime=regime)
