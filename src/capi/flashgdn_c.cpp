@@ -98,6 +98,13 @@ extern "C" {
 
 const char* flashgdn_version(void) { return flashgdn::version(); }
 
+int flashgdn_struct_sizes(size_t* sizes, int count) {
+  const size_t known[] = {sizeof(flashgdn_tensor), sizeof(flashgdn_inputs), sizeof(flashgdn_forward_outputs),
+                          sizeof(flashgdn_backward_tensors)};
+  for (int i = 0; i < count && i < 4; ++i) sizes[i] = known[i];
+  return 4;
+}
+
 int flashgdn_has_kernels(void) {
 #ifdef FLASHGDN_WITH_KERNELS
   return 1;

@@ -56,6 +56,11 @@ typedef struct {
 } flashgdn_backward_tensors;
 
 const char* flashgdn_version(void);
+/* sizeof flashgdn_tensor, flashgdn_inputs, flashgdn_forward_outputs and flashgdn_backward_tensors into
+ * sizes[0 .. count) (count <= 4); returns 4. Foreign-function mirrors of the structs check theirs against
+ * it (the Python package does at import), so that a library and a binding from different versions fail
+ * loudly instead of reading past a struct. */
+int flashgdn_struct_sizes(size_t* sizes, int count);
 /* 1 when this build has the SM90 kernels. */
 int flashgdn_has_kernels(void);
 
