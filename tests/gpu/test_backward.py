@@ -490,21 +490,26 @@ def test_cuda_graph(seed):
 
 @pytest.mark.parametrize("path", ["qk_grads", "group_sums"])
 def test_repeatable(seed, path):
-    """Back-to-back calls on the same inputs give bitwise the same gradients. group_sums: 47 chunks x
-    4 q/k heads of 4 v-heads fill the SMs, so the gradient pass sums each group's dq, dk through its
-    running sums in the workspace, which the group's last v-head discards from L2 after reading them
-    (indeterminate afterwards): every call must rewrite them before any read."""
+    """Back-to-back calls give bitwise the same gradients, and a call never reads an earlier call's
+    scratch: calls alternate two upstream gradients (do_a, do_b, do_a, do_b), the first two checked
+    against the oracle, the last two bitwise equal to them. group_sums: 47 chunks x 4 q/k heads of 4
+    v-heads fill the SMs, so the gradient pass sums each group's dq, dk through running sums in the
+    workspace, which the group's last v-head discards from L2 after reading them (indeterminate
+    afterwards): a read of a discarded or stale sum would give do_a's sums to do_b's call."""
     x = make_inputs(2, 2000, 2, 4, regime="model") if path == "qk_grads" else make_inputs(1, 47 * 64, 4, 16,
                                                                                           regime="model")
-    do, dht = upstream(x)
-    names = kernels_launched(lambda: run_poisoned(x, do, dht))
+    do_a, dht = upstream(x)
+    do_b = torch.randn_like(do_a)
+    names = kernels_launched(lambda: run_poisoned(x, do_a, dht))
     assert any("qk_grads" in n for n in names) == (path == "qk_grads"), names
-    first = run_poisoned(x, do, dht)
-    check(x, first, do, dht)
-    for _ in range(3):
+    first = []
+    for do in (do_a, do_b):
+        first.append(run_poisoned(x, do, dht))
+        check(x, first[-1], do, dht)
+    for i, do in enumerate((do_a, do_b)):
         again = run_poisoned(x, do, dht)
         for name in GRADS:
-            assert torch.equal(first[name], again[name]), f"{name} differs between runs (race?)"
+            assert torch.equal(first[i][name], again[name]), f"{name} differs between runs (race?)"
 
 
 def test_bad_inputs(seed):
