@@ -19,6 +19,8 @@
 //   pre+ds3, pre+ds1   pre with either
 //   pre+a32      pre+ds3 with dg's a term from the fp32 products, as the gradient pass takes it
 //                (KernelRounding::fp32_a): the emulation nearest today's kernels
+//   pre+dot16    pre+a32 with dS rounded in <dS, S> too (the gradient pass forming the dot from its
+//                bf16 tiles, the sequence's last chunk's still exact from the pre-pass)
 //   pre+inv3, pre+inv16   pre+a32 with the chunk inverse as the kernels form it: its merges in split
 //                bf16 (bf16x3, the backward's fp32 inverse today) or in fp16 (fp16x1, the forward's bf16
 //                inverse since candidate-s41), bench/chunk_inverse_emulation.h
@@ -78,6 +80,9 @@ std::vector<Emulation> emulations() {
                              .prepass_exact_update = true, .ds_pass = bwd::DsPass::kOneRound}});
   out.push_back({"pre+a32", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
                              .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds}});
+  out.push_back({"pre+dot16", {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
+                               .prepass_exact_update = true, .fp32_a = true, .dot_grad_state = true,
+                               .ds_pass = bwd::DsPass::kThreeRounds}});
   for (const auto& [name, inverse] : {std::pair{"pre+inv3", &inverse_bf16x3}, std::pair{"pre+inv16", &inverse_fp16x1}})
     out.push_back({name, {.exact_last_dot = true, .operand_states = true, .tiles = true, .prepass_states = true,
                           .prepass_exact_update = true, .fp32_a = true, .ds_pass = bwd::DsPass::kThreeRounds,

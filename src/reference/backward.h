@@ -46,6 +46,9 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //   prepass_states  the pre-pass's state recurrence as v4 runs it (S fp32 between chunks): S rounded as
 //                   the operand of Vd's U = K S, and rho Vd rounded as the update's operand
 //                   (S' = e^gamma S + K^T (rho Vd)), unless prepass_exact_update (a hi + lo split there);
+//   dot_grad_state  dS rounded in <dS, S> too (the gradient pass forming the dot from its bf16 dS^T
+//                   and S^T tiles, where the dS pass forms it with dS in fp32), except in the
+//                   sequence's last chunk with exact_last_dot;
 //   fp32_a          dg's a term, rowsum(K (.) dK_a) = rho (.) rowsum((K dS) (.) Vd), from the fp32
 //                   products (Vd before its tile's rounding), as the gradient pass takes it;
 //   inverse         the chunk inverse as the kernels form it (every use: the pre-pass, the dS pass and
@@ -61,7 +64,7 @@ enum class DsPass { kExact, kThreeRounds, kOneRound };
 struct KernelRounding {
   bool dot_state = false, exact_last_dot = false, operand_states = false, tiles = false, exact_last_vd = false;
   unsigned tile_mask = ~0u;
-  bool prepass_states = false, prepass_exact_update = false, fp32_a = false;
+  bool prepass_states = false, prepass_exact_update = false, fp32_a = false, dot_grad_state = false;
   DsPass ds_pass = DsPass::kExact;
   std::vector<double> (*inverse)(const std::vector<double>& lower) = nullptr;
 };

@@ -275,7 +275,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const int64_t t0 = ci * kChunk;
     const int n = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
     // The kernels' bf16 roundings (KernelRounding; none by default): S0 and dSo are S and dS as
-    // GEMM operands, S_dot the S of <dS, S>, *_t the gradient pass's tiles (kTileNames); a rounded
+    // GEMM operands, S_dot and dS_dot those of <dS, S>, *_t the gradient pass's tiles (kTileNames); a rounded
     // copy is made only where one is asked for.
     Mat S_r, dS_r, Ag_r, W_r, Pg_r, Ar_r, Vd_r;
     const Mat& S_exact = entering[static_cast<size_t>(ci)];
@@ -284,7 +284,9 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const Mat& S_bf16 = rounded(rounding.operand_states || dot_rounded, S_exact, S_r);
     const Mat& S0 = rounding.operand_states ? S_bf16 : S_exact;
     const Mat& S_dot = dot_rounded ? S_bf16 : S_exact;
-    const Mat& dSo = rounded(rounding.operand_states, dS, dS_r);
+    const Mat& dS_bf16 = rounded(rounding.operand_states || (rounding.dot_grad_state && dot_rounded), dS, dS_r);
+    const Mat& dSo = rounding.operand_states ? dS_bf16 : dS;
+    const Mat& dS_dot = rounding.dot_grad_state && dot_rounded ? dS_bf16 : dS;
     const ChunkFwd c = recompute(h, &d_o, t0, n, S0, rounding.inverse);
     const Mat& Ag_t = rounded(tiled(0), c.Ag, Ag_r);
     const Mat& W_t = rounded(tiled(1), c.W, W_r);
@@ -386,7 +388,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const double eg = std::exp(c.gamma);
     {
       double dot = 0.0;
-      for (size_t i = 0; i < kv; ++i) dot += dS[i] * S_dot[i];
+      for (size_t i = 0; i < kv; ++i) dot += dS_dot[i] * S_dot[i];
       dgamma += eg * dot;
     }
     dgs[n - 1] += dgamma;

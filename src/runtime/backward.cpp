@@ -13,8 +13,9 @@
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
-//                      leaving every chunk into chunk_grad_states and <dS, S> into chunk_grad_dots,
-//                      dh0
+//                      leaving every chunk into chunk_grad_states, dh0 (each sequence's last
+//                      chunk's <dS_T, S> came from the pre-pass into chunk_grad_dots; the gradient
+//                      pass forms the other chunks' from its tiles)
 //   backward_grads     every (chunk, v-head) at once: dv, dg, dbeta, and dq, dk: directly where
 //                      Hv == Hqk, summed over each group of v-heads itself (group_sums) where a
 //                      q/k head's chunks fill the SMs, else of every v-head in fp32

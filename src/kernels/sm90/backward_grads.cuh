@@ -31,6 +31,7 @@
 //      the gate record; A_r (fp32, registers in the group's [64, 32] layout) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
+//      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
 //      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
 //      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
@@ -48,8 +49,8 @@
 //      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
-//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
-//      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
+//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
+//      chunk with a dS_T the pre-pass's, S in fp32: bp.chunk_grad_dots), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
 
@@ -85,6 +86,7 @@ struct BackwardGrads {
   struct Item {
     int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
     int rows, h, hk;
+    bool sequence_last;  // the chunk ends its sequence
     uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
     bool valid;
   };
@@ -109,6 +111,7 @@ struct BackwardGrads {
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
+    float state_dot_part[8];  // per warp: <dS, S> over its share of the state tiles
     alignas(8) uint64_t early, state, late;  // the item's three load sets
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
@@ -210,6 +213,7 @@ struct BackwardGrads {
         it.b = where.seq.batch;
         it.t0 = where.first_token;
         it.rows = where.rows;
+        it.sequence_last = where.first_token + where.rows == where.seq.eos;
         it.valid = true;
       }
       it.index = index;
@@ -365,16 +369,48 @@ struct BackwardGrads {
       }
   }
 
+  // A sequence's last chunk takes <dS_T, S> from the pre-pass, with S in fp32 (bp.chunk_grad_dots,
+  // written where a dS_T is given): the user's dht reaches the last tokens' dg through it whole.
+  static __device__ __forceinline__ bool prepass_dot(const BackwardParams& bp, const Item& it) {
+    return it.sequence_last && bp.fwd.final_grad_dots != nullptr;
+  }
+
+  // <dS, S> over this thread's share of the S^T and dS^T tiles (one layout: the same box geometry and
+  // swizzle, so elementwise products need no unswizzling): 16-byte units t, t + 256, .. of each.
+  static __device__ __forceinline__ float state_dot(const SharedStorage& s) {
+    constexpr int kUnits = kStateTileBytes / 16 / kThreads;
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int unit = threadIdx.x + kThreads * i;
+      const uint4 a = reinterpret_cast<const uint4*>(s.st)[unit];
+      const uint4 d = reinterpret_cast<const uint4*>(s.dst)[unit];
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 x = unpack_pair<Elem>(aw[w]), y = unpack_pair<Elem>(dw[w]);
+        sum[w % 2] += x.x * y.x + x.y * y.y;
+      }
+    }
+    return sum[0] + sum[1];
+  }
+
   // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (one warp, two rows a lane),
   // from the per-warp partials (complete after stage E's first barrier). Called after the item's
   // stores: before them it holds back the calling warp's share and its group's barrier.
+  // prepass_dot_part: the pre-pass's 8 partials of <dS_T, S> (lanes 0..7) where prepass_dot(it).
   static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma,
-                                        float dot_part) {
+                                        float prepass_dot_part) {
     const int lane = threadIdx.x % 32, rows = it.rows;
     const int64_t b = it.b, t0 = it.t0;
     const int h = it.h;
-    const float dot = warp_sum(dot_part);
-    float ka = 0.f;
+    float dot = 0.f, ka = 0.f;
+    if (prepass_dot(bp, it)) {
+      dot = warp_sum(prepass_dot_part);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 8; ++w) dot += s.state_dot_part[w];
+    }
 #pragma unroll
     for (int w = 0; w < 8; ++w) ka += s.ka_part[w];
     float dgs_row[2], dbeta_row[2];
@@ -474,9 +510,10 @@ struct BackwardGrads {
       (&s.dbeta_col[0][0])[e] = 0.f;
       (&s.dbeta_row[0][0])[e] = 0.f;
     }
-    // <dS, S> from the dS pass (8 partial sums), fetched now for the end (warp 0)
-    const float dot_part =
-        warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
+    // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now for the end (warp 0)
+    const float prepass_dot_part = warp == 0 && lane < 8 && prepass_dot(bp, it)
+                                       ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane]
+                                       : 0.f;
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
@@ -496,6 +533,10 @@ struct BackwardGrads {
       wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
       wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
+      if (!prepass_dot(bp, it)) {  // under the wgmmas, which only read the tiles too
+        const float dot = warp_sum(state_dot(s));
+        if (lane == 0) s.state_dot_part[warp] = dot;
+      }
       wg::wait<0>();
       wg::fence_operand(u);
       wg::fence_operand(qk);
@@ -811,7 +852,7 @@ struct BackwardGrads {
         }
     }
     timeline_mark(p, group, it.ordinal, 9);
-    if (warp == 0) store_dg_dbeta(bp, s, it, gamma, dot_part);
+    if (warp == 0) store_dg_dbeta(bp, s, it, gamma, prepass_dot_part);
 
     timeline_mark(p, group, it.ordinal, 10);
     return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;
