@@ -55,7 +55,6 @@ struct BackwardItem {
   int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
   StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
   StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
-  bool sequence_end = false;   // main mode: the tokens end their sequence (or shard), ds_end is dS_T
 };
 
 __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
@@ -70,7 +69,6 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
     item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
     item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
     item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
-    item.sequence_end = true;
     return item;
   }
   const SegmentLocation at = locate_segment(p, x);
@@ -89,7 +87,6 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
                             : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
     if (at.index == 0)
       item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
-    item.sequence_end = at.last();
   }
   item.valid = true;
   item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;

@@ -50,7 +50,7 @@
 //   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
-//      chunk with a dS_T the pre-pass's, S in fp32: bp.chunk_grad_dots), dg = reverse cumsum of dg_s,
+//      chunk with a dS_T the pre-pass's, S in fp32: fwd.final_grad_dots), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
 
@@ -369,7 +369,7 @@ struct BackwardGrads {
       }
   }
 
-  // A sequence's last chunk takes <dS_T, S> from the pre-pass, with S in fp32 (bp.chunk_grad_dots,
+  // A sequence's last chunk takes <dS_T, S> from the pre-pass, with S in fp32 (fwd.final_grad_dots,
   // written where a dS_T is given): the user's dht reaches the last tokens' dg through it whole.
   static __device__ __forceinline__ bool prepass_dot(const BackwardParams& bp, const Item& it) {
     return it.sequence_last && bp.fwd.final_grad_dots != nullptr;
@@ -512,7 +512,7 @@ struct BackwardGrads {
     }
     // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now for the end (warp 0)
     const float prepass_dot_part = warp == 0 && lane < 8 && prepass_dot(bp, it)
-                                       ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane]
+                                       ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane]
                                        : 0.f;
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);

@@ -85,8 +85,8 @@ struct ForwardParams {
   // With chunk_states and the backward's d_final_state (fp32, states layout): <dS_T, S> of every
   // sequence's (or shard's) last chunk, S the state entering it in fp32 (not chunk_states' bf16:
   // dS_T is a large random-signed gradient, its dot with a bf16 S loses up to 8e-3 of dg on a short
-  // last chunk), as 8 per-warp partials into final_grad_dots[chunk id][hv][8]
-  // (BackwardParams::chunk_grad_dots; the gradient pass takes it there). Null: not computed.
+  // last chunk), as 8 per-warp partials into final_grad_dots[chunk id][hv][8], for the gradient
+  // pass's dgamma (it forms every other chunk's from its S^T and dS^T tiles). Null: not computed.
   const float* final_grad = nullptr;
   int64_t final_grad_strides[4] = {0, 0, 0, 0};
   float* final_grad_dots = nullptr;
@@ -197,10 +197,6 @@ struct BackwardParams {
   // chunk, transposed, dtype of q, [chunk id][hv][128][128] (dS^T: V rows, K columns; chunk_states'
   // layout), for the gradient pass.
   void* chunk_grad_states = nullptr;
-  // [chunk id][hv][8]: the pre-pass's <dS_T, S> of each sequence's last chunk (ForwardParams::
-  // final_grad_dots, where a dS_T is given); the gradient pass forms every other chunk's from its
-  // S^T and dS^T tiles.
-  float* chunk_grad_dots = nullptr;
 };
 
 }  // namespace flashgdn::kern
