@@ -111,7 +111,7 @@ struct BackwardGrads {
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
-    float state_dot_part[8];  // per warp: <dS, S> over its share of the state tiles
+    float state_dot_part[8];  // <dS, S>: per warp over its share of the state tiles, or the pre-pass's 8 partials
     alignas(8) uint64_t early, state, late;  // the item's three load sets
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
@@ -398,21 +398,16 @@ struct BackwardGrads {
   // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (one warp, two rows a lane),
   // from the per-warp partials (complete after stage E's first barrier). Called after the item's
   // stores: before them it holds back the calling warp's share and its group's barrier.
-  // prepass_dot_part: the pre-pass's 8 partials of <dS_T, S> (lanes 0..7) where prepass_dot(it).
-  static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma,
-                                        float prepass_dot_part) {
+  static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma) {
     const int lane = threadIdx.x % 32, rows = it.rows;
     const int64_t b = it.b, t0 = it.t0;
     const int h = it.h;
     float dot = 0.f, ka = 0.f;
-    if (prepass_dot(bp, it)) {
-      dot = warp_sum(prepass_dot_part);
-    } else {
 #pragma unroll
-      for (int w = 0; w < 8; ++w) dot += s.state_dot_part[w];
+    for (int w = 0; w < 8; ++w) {
+      dot += s.state_dot_part[w];
+      ka += s.ka_part[w];
     }
-#pragma unroll
-    for (int w = 0; w < 8; ++w) ka += s.ka_part[w];
     float dgs_row[2], dbeta_row[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -510,15 +505,16 @@ struct BackwardGrads {
       (&s.dbeta_col[0][0])[e] = 0.f;
       (&s.dbeta_row[0][0])[e] = 0.f;
     }
-    // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now for the end (warp 0)
-    const float prepass_dot_part = warp == 0 && lane < 8 && prepass_dot(bp, it)
-                                       ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane]
-                                       : 0.f;
+    // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now, kept in
+    // shared memory for the end (stage A forms every other chunk's there)
+    const bool from_prepass = warp == 0 && lane < 8 && prepass_dot(bp, it);
+    const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
     timeline_mark(p, group, it.ordinal, 1);
+    if (from_prepass) s.state_dot_part[lane] = prepass_dot_part;
     if (rows < kChunk) zero_rows(s, rows);
     wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
@@ -852,7 +848,7 @@ struct BackwardGrads {
         }
     }
     timeline_mark(p, group, it.ordinal, 9);
-    if (warp == 0) store_dg_dbeta(bp, s, it, gamma, prepass_dot_part);
+    if (warp == 0) store_dg_dbeta(bp, s, it, gamma);
 
     timeline_mark(p, group, it.ordinal, 10);
     return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;
