@@ -138,6 +138,12 @@ struct BackwardProblem {
   // inputs and options, same workspace, untouched in between, same stream.
   ShardPhase shard_phase = ShardPhase::kNone;
   TensorRef shard_grad;
+  // The chunk inverse (A_r in fp32, which the gradients differentiate through) merged in split bf16
+  // (bf16x3), for keys past beta |k|^2 <= 2, as the forward's fp32 inverse; false (the default):
+  // merged in fp16 (K K^T held in fp16 too), as the forward's default inverse, which needs
+  // beta |k|^2 <= 2 (normalised keys, beta in (0, 2]); keys far past it overflow fp16 and give
+  // non-finite gradients, never finite wrong ones.
+  bool inverse_fp32 = false;
 };
 
 }  // namespace flashgdn

@@ -41,7 +41,7 @@ class ForwardOutputs(ctypes.Structure):
 class BackwardTensors(ctypes.Structure):
     _fields_ = [(name, Tensor) for name in
                 ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")] + [
-        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor)]
+        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32)]
 
 
 class FlashGDNError(RuntimeError):
@@ -99,7 +99,26 @@ def _load():
                lib.flashgdn_backward,
                lib.flashgdn_reference_forward, lib.flashgdn_reference_backward, lib.flashgdn_set_timeline):
         fn.restype = ctypes.c_int
+    _check_struct_sizes(lib, path)
     return lib
+
+
+MIRRORS = (Tensor, Inputs, ForwardOutputs, BackwardTensors)  # in flashgdn_struct_sizes' order
+
+
+def _check_struct_sizes(lib, path) -> None:
+    """The ctypes mirrors against the library's structs (flashgdn_struct_sizes): a library and a binding
+    from different versions must fail here, not read past a struct."""
+    if not hasattr(lib, "flashgdn_struct_sizes"):
+        raise ImportError(f"flashgdn: {path} predates flashgdn_struct_sizes; rebuild it with this package")
+    lib.flashgdn_struct_sizes.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+    lib.flashgdn_struct_sizes.restype = ctypes.c_int
+    sizes = (ctypes.c_size_t * len(MIRRORS))()
+    lib.flashgdn_struct_sizes(sizes, len(MIRRORS))
+    for mirror, size in zip(MIRRORS, sizes):
+        if ctypes.sizeof(mirror) != size:
+            raise ImportError(f"flashgdn: {path} has a {size}-byte {mirror.__name__} where this package's is "
+                              f"{ctypes.sizeof(mirror)} bytes: the library and the package are from different versions")
 
 
 lib = _load()

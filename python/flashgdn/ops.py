@@ -255,18 +255,20 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                                scale: float, use_qk_l2norm_in_kernel: bool, state_v_first: bool,
                                cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
-                               cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0
+                               cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
+                               inverse_fp32: bool = False
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor]:
     """Low-level backward: (dq, dk, dv, dg, dbeta, dh0) from the forward's inputs, the gradient of o
     (do) and optionally of the final state (dht). dg is w.r.t. the raw gate g (fp32); dbeta has
     beta's dtype; dh0 is empty when there is no initial_state. dq/dk are summed over each group of
-    value heads and include the L2-norm backward when use_qk_l2norm_in_kernel."""
+    value heads and include the L2-norm backward when use_qk_l2norm_in_kernel. inverse_fp32: the
+    chunk inverse merged in split bf16 for keys past beta |k|^2 <= 2 (as the forward's)."""
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
     backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
                   initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
-                  context_parallel, cp_segment_chunks, cp_decay_threshold)
+                  context_parallel, cp_segment_chunks, cp_decay_threshold, inverse_fp32=inverse_fp32)
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -282,7 +284,7 @@ def _grad_outputs(q, k, v, g, beta, initial_state):
 
 @chunk_gated_delta_rule_bwd.register_fake
 def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-      cu_seqlens_cpu=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0):
+      cu_seqlens_cpu=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0, inverse_fp32=False):
     return _grad_outputs(q, k, v, g, beta, initial_state)
 
 
@@ -291,9 +293,11 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
                   cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
                   cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0, shard_phase: int = 0,
                   shard_grad: Optional[torch.Tensor] = None,
-                  workspace: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                  workspace: Optional[torch.Tensor] = None, inverse_fp32: bool = False) -> Optional[torch.Tensor]:
     """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
-    context_parallel etc. as for forward_into (the backward's own intra-card CP).
+    context_parallel etc. as for forward_into (the backward's own intra-card CP). inverse_fp32: the
+    chunk inverse merged in split bf16 (keys past the range) instead of fp16 (beta |k|^2 <= 2; keys
+    far past it overflow fp16 and the gradients come back non-finite), as forward_into's.
 
     Shard phases (flashgdn.distributed; flashgdn::BackwardProblem): shard_phase=1 writes only
     shard_grad, fp32 contiguous [N, Hv, K, V], the gradient that do alone sends into each
@@ -309,6 +313,7 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
                     ("dbeta", dbeta), ("d_initial_state", dh0), ("shard_grad", shard_grad)):
         setattr(c_grads, name, _tensor(t))
     c_grads.shard_phase = int(shard_phase)
+    c_grads.inverse_fp32 = int(bool(inverse_fp32))
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_backward, ctypes.byref(c_in), ctypes.byref(c_grads))
         return None
@@ -341,6 +346,7 @@ def _setup_context(ctx, inputs, output):
     ctx.state_v_first = args["state_v_first"]
     ctx.output_final_state = args["output_final_state"]
     ctx.cp = (args.get("context_parallel", 0), args.get("cp_segment_chunks", 0), args.get("cp_decay_threshold", -10.0))
+    ctx.inverse_fp32 = bool(args.get("inverse_fp32", False))
 
 
 def _backward(ctx, grad_o, grad_final):
@@ -355,7 +361,7 @@ def _backward(ctx, grad_o, grad_final):
         dht = dht.float()
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), h0, cu_seqlens, ctx.scale,
-        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp)
+        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp, inverse_fp32=ctx.inverse_fp32)
     if initial_state is not None and dh0.dtype != initial_state.dtype:
         dh0 = dh0.to(initial_state.dtype)
     needs = ctx.needs_input_grad
@@ -389,11 +395,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     the planner's). cp_decay_threshold: log-decay below which a head's segment needs no exact
     transition (error <= e^threshold of the state's norm).
 
-    Range: the forward's default (bf16) chunk inverse (I + strictly-lower beta K K^T)^-1 is formed
-    with fp16 products, which needs beta_t |k_t|^2 <= 2 (the delta rule's non-expanding range; it
-    holds with use_qk_l2norm_in_kernel or unit keys and beta in (0, 2]).
-    Keys far longer can overflow fp16 there, and o then holds Inf / NaN (never finite and wrong);
-    inverse_fp32=True (keyword) runs the fp32 inverse instead, for any keys.
+    Range: the chunk inverse (I + strictly-lower beta K K^T)^-1 of the forward and the backward is
+    formed with fp16 products by default, which needs beta_t |k_t|^2 <= 2 (the delta rule's
+    non-expanding range; it holds with use_qk_l2norm_in_kernel or unit keys and beta in (0, 2]).
+    Keys far longer can overflow fp16 there, and o and the gradients then hold Inf / NaN (never
+    finite and wrong); inverse_fp32=True (keyword) runs the split-bf16 inverse in both directions
+    instead, for any keys.
     """
     for key in kwargs:
         if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32"):

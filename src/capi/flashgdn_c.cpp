@@ -77,6 +77,7 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.d_initial_state = to_ref(g->d_initial_state);
   p.shard_phase = static_cast<ShardPhase>(g->shard_phase);
   p.shard_grad = to_ref(g->shard_grad);
+  p.inverse_fp32 = g->inverse_fp32 != 0;
   return p;
 }
 
@@ -96,6 +97,13 @@ Status null_argument(const char* what) { return {StatusCode::kInvalidArgument, s
 extern "C" {
 
 const char* flashgdn_version(void) { return flashgdn::version(); }
+
+int flashgdn_struct_sizes(size_t* sizes, int count) {
+  const size_t known[] = {sizeof(flashgdn_tensor), sizeof(flashgdn_inputs), sizeof(flashgdn_forward_outputs),
+                          sizeof(flashgdn_backward_tensors)};
+  for (int i = 0; i < count && i < 4; ++i) sizes[i] = known[i];
+  return 4;
+}
 
 int flashgdn_has_kernels(void) {
 #ifdef FLASHGDN_WITH_KERNELS

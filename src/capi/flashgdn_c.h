@@ -52,9 +52,15 @@ typedef struct {
   flashgdn_tensor d_o, d_final_state, dq, dk, dv, dg, dbeta, d_initial_state;
   int32_t shard_phase;        /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_grad; /* phase 1 output: fp32 [N, Hv, K, V] */
+  int32_t inverse_fp32;       /* 1: the chunk inverse merged in split bf16 (BackwardProblem::inverse_fp32) */
 } flashgdn_backward_tensors;
 
 const char* flashgdn_version(void);
+/* sizeof flashgdn_tensor, flashgdn_inputs, flashgdn_forward_outputs and flashgdn_backward_tensors into
+ * sizes[0 .. count) (count <= 4); returns 4. Foreign-function mirrors of the structs check theirs against
+ * it (the Python package does at import), so that a library and a binding from different versions fail
+ * loudly instead of reading past a struct. */
+int flashgdn_struct_sizes(size_t* sizes, int count);
 /* 1 when this build has the SM90 kernels. */
 int flashgdn_has_kernels(void);
 

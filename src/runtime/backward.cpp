@@ -13,8 +13,9 @@
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
-//                      leaving every chunk into chunk_grad_states and <dS, S> into chunk_grad_dots,
-//                      dh0
+//                      leaving every chunk into chunk_grad_states, dh0 (dgamma's <dS, S>: a
+//                      sequence's last chunk's from the pre-pass, final_grad_dots; the gradient
+//                      pass forms the other chunks' from its tiles)
 //   backward_grads     every (chunk, v-head) at once: dv, dg, dbeta, and dq, dk: directly where
 //                      Hv == Hqk, summed over each group of v-heads itself (group_sums) where a
 //                      q/k head's chunks fill the SMs, else of every v-head in fp32
@@ -30,7 +31,7 @@
 //
 // Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
 // [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
-// [chunks, Hv, 128, 128] in q's dtype and chunk_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
+// [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
 // running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless Hv == Hqk without the L2
 // norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
 #include "api/validate.h"
@@ -46,7 +47,7 @@ namespace {
 struct BackwardLayout {
   InputLayout inputs;
   std::size_t inverse = 0, gated_inverse = 0, chunk_gates = 0, chunk_states = 0, dq_heads = 0, dk_heads = 0;
-  std::size_t chunk_grad_states = 0, chunk_grad_dots = 0;
+  std::size_t chunk_grad_states = 0, final_grad_dots = 0;
   bool group_sums = false;  // the gradient pass sums each group's dq, dk itself (no qk_grads pass)
   CpDecision cp;
   CpRegions cp_regions;                  // the pre-pass's CP forward
@@ -78,7 +79,7 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
   layout.chunk_grad_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
-  layout.chunk_grad_dots = offset;
+  layout.final_grad_dots = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 8 * sizeof(float));
   // The gradient pass sums each group's dq, dk itself where its units (a q/k head's chunk) fill the
   // GPU: that saves qk_grads' pass over Hv fp32 gradients (~11% of a backward at (16,32)). Its
@@ -165,7 +166,8 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   // backward's leading windows, the pre-pass's trailing ones) scan those sums, not every token's K.
   if (layout.cp.enabled) p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
   if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
-    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, stream); !s.ok()) return s;
+    const kern::InverseMerges merges = problem.inverse_fp32 ? kern::InverseMerges::kSplit : kern::InverseMerges::kHalf;
+    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, merges, stream); !s.ok()) return s;
   }
   if (layout.cp.enabled) {  // leading windows first: the pre-pass forms M_j where they are missing
     bind_cp(p, in, layout.cp, layout.cp_regions, ws);
@@ -186,13 +188,13 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
                                                          : CpStages::kAll;
   // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too. With d_final_state it
-  // also sums <dS_T, S> for each sequence's last chunk with S in fp32 (the dS pass leaves those).
+  // also sums <dS_T, S> for each sequence's last chunk with S in fp32, for the gradient pass.
   p.inverse = p.gated_inverse_out;
   p.gated_inverse = true;
   if (problem.d_final_state.present()) {
     p.final_grad = static_cast<const float*>(problem.d_final_state.data);
     for (int i = 0; i < 4; ++i) p.final_grad_strides[i] = problem.d_final_state.strides[i];
-    p.final_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
+    p.final_grad_dots = reinterpret_cast<float*>(ws + layout.final_grad_dots);
   }
   // The state update's operand as hi + lo where a final-state gradient is given: <dht, S> then sets
   // the last tokens' dg (bench/notes.md, session 16: the 1-row last chunk's tail); +5-13% pre-pass.
@@ -256,7 +258,6 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   }
   // dS^T leaving every chunk (and dh0), then every chunk's gradients
   bp.chunk_grad_states = ws + layout.chunk_grad_states;
-  bp.chunk_grad_dots = reinterpret_cast<float*>(ws + layout.chunk_grad_dots);
   if (auto s = cuda_status(bf16 ? kern::launch_backward_ds_pass<kern::ElemKind::kBF16>(bp, stream)
                                 : kern::launch_backward_ds_pass<kern::ElemKind::kF16>(bp, stream),
                            "backward_ds_pass");

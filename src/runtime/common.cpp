@@ -199,7 +199,7 @@ cudaError_t launch_variant(kern::ElemKind elem, kern::InverseKind inverse, Launc
 }  // namespace
 
 Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                            cudaStream_t stream) {
+                            kern::InverseMerges merges, cudaStream_t stream) {
   kern::ForwardParams grouped = p;
   if (const char* forced = std::getenv("FLASHGDN_INVERSE_HEADS"); forced != nullptr && *forced != '\0') {
     grouped.inverse_heads_per_cta = std::strcmp(forced, "1") == 0   ? 1
@@ -209,7 +209,7 @@ Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, k
   }
   return cuda_status(launch_variant(elem, inverse,
                                     [&]<kern::ElemKind E, kern::InverseKind I>() {
-                                      return kern::launch_chunk_inverse<E, I>(grouped, stream);
+                                      return kern::launch_chunk_inverse<E, I>(grouped, merges, stream);
                                     }),
                      "chunk_inverse");
 }

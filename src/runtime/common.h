@@ -79,9 +79,10 @@ namespace flashgdn::detail {
 // The (elem, inverse storage) variant of chunk_inverse / fused_forward. The chunk inverse's v-heads
 // a CTA are the launcher's choice (ChunkInverse::heads_per_cta) unless the environment variable
 // FLASHGDN_INVERSE_HEADS forces 1, 2 or 4 (read at every call, for measurements; any other value
-// fails the launch with an invalid-argument error).
+// fails the launch with an invalid-argument error); its merges (kern::InverseMerges) split only for
+// the fp32 inverse.
 Status launch_chunk_inverse(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
-                            cudaStream_t stream);
+                            kern::InverseMerges merges, cudaStream_t stream);
 Status launch_fused_forward(const kern::ForwardParams& p, kern::ElemKind elem, kern::InverseKind inverse,
                             cudaStream_t stream);
 

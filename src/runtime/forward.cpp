@@ -319,7 +319,10 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   const ShardPhase phase = problem.shard_phase;
   if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
     if (auto s = inverse_inside ? cuda_status(kern::launch_chunk_gates(p, stream), "chunk_gates")
-                                : launch_chunk_inverse(p, elem, inverse, stream);
+                                : launch_chunk_inverse(p, elem, inverse,
+                                                       inverse == kern::InverseKind::kF32 ? kern::InverseMerges::kSplit
+                                                                                          : kern::InverseMerges::kHalf,
+                                                       stream);
         !s.ok())
       return s;
   }

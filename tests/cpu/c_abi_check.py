@@ -1,7 +1,7 @@
 """The ctypes layer of the Python package (python/flashgdn/_lib.py) against the C ABI, without
 torch: a small varlen problem in float64 through flashgdn_reference_forward, compared with a
-pure-Python token recurrence, an invalid argument reported with its name, and the measurement-only
-timeline refused. Catches any drift
+pure-Python token recurrence, an invalid argument reported with its name, the measurement-only
+timeline refused, and the ctypes mirrors' sizes against flashgdn_struct_sizes. Catches any drift
 between the ctypes struct mirrors and src/capi/flashgdn_c.h. Run by ctest with FLASHGDN_LIBRARY
 pointing at the built libflashgdn_c.so."""
 
@@ -66,6 +66,10 @@ def naive(q, k, v, g, beta, h0, scale):
 
 
 def main():
+    sizes = (ctypes.c_size_t * len(_lib.MIRRORS))()
+    assert _lib.lib.flashgdn_struct_sizes(sizes, len(sizes)) == len(_lib.MIRRORS)
+    mirrored = [ctypes.sizeof(m) for m in _lib.MIRRORS]
+    assert mirrored == list(sizes), f"ctypes mirrors {mirrored} against the C structs {list(sizes)}"
     rng = random.Random(20261129)
 
     def unit(n):

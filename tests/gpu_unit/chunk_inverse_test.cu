@@ -1,7 +1,8 @@
 // GPU unit test of the chunk inverse (src/kernels/sm90/chunk_inverse.cuh): A_r = (I + StrictLower(
 // diag(beta) K K^T))^{-1} per (chunk, v-head) against a float64 forward substitution on the host, on
 // 200 tokens (three full chunks and one of 8 rows) and six value heads sharing one key head, with
-// fp32 and bf16 storage of A_r, and 1, 4 (groups of 4 and 2) and launcher-chosen v-heads per CTA;
+// fp32 storage of A_r (split bf16 merges, and fp16 merges) and bf16 storage (fp16 merges), and 1, 4
+// (groups of 4 and 2) and launcher-chosen v-heads per CTA;
 // entries above the diagonal are checked too, and the rows of the last chunk past the 200 tokens (a
 // guard zone after the output) must stay untouched.
 // Exit codes: 0 pass, 1 a mismatch, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
@@ -53,8 +54,8 @@ double to_double(float x) { return x; }
 double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <kern::InverseKind I>
-bool run(const char* name, int heads_per_cta, const __nv_bfloat16* k_dev, const float* beta_dev,
-         const std::vector<double>& want, double tolerance) {
+bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const __nv_bfloat16* k_dev,
+         const float* beta_dev, const std::vector<double>& want, double tolerance) {
   using InverseT = kern::InverseType<I>;
   const size_t count = static_cast<size_t>(T) * Hv * C;
   const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
@@ -74,7 +75,7 @@ bool run(const char* name, int heads_per_cta, const __nv_bfloat16* k_dev, const 
   p.max_chunks = kChunks;
   p.inverse = inverse;
   p.inverse_heads_per_cta = heads_per_cta;
-  cudaError_t err = kern::launch_chunk_inverse<kern::ElemKind::kBF16, I>(p, nullptr);
+  cudaError_t err = kern::launch_chunk_inverse<kern::ElemKind::kBF16, I>(p, merges, nullptr);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     std::printf("%-20s CUDA error: %s\n", name, cudaGetErrorString(err));
@@ -127,8 +128,21 @@ int main() {
   cudaMemcpy(beta_dev, beta.data(), beta.size() * sizeof(float), cudaMemcpyHostToDevice);
   bool ok = true;
   for (const int heads_per_cta : {0, 1, 4}) {  // 0: the launcher's choice
-    ok &= run<kern::InverseKind::kF32>("A_r in fp32", heads_per_cta, k_dev, beta_dev, want, 1e-4);
-    ok &= run<kern::InverseKind::kBF16>("A_r in bf16", heads_per_cta, k_dev, beta_dev, want, 1e-2);
+    ok &= run<kern::InverseKind::kF32>("A_r in fp32, bf16x3", kern::InverseMerges::kSplit, heads_per_cta, k_dev,
+                                       beta_dev, want, 1e-4);
+    ok &= run<kern::InverseKind::kF32>("A_r in fp32, fp16", kern::InverseMerges::kHalf, heads_per_cta, k_dev,
+                                       beta_dev, want, 3e-3);
+    ok &= run<kern::InverseKind::kBF16>("A_r in bf16", kern::InverseMerges::kHalf, heads_per_cta, k_dev, beta_dev,
+                                        want, 1e-2);
+  }
+  {  // split merges are for the fp32 inverse only: refused for bf16 storage
+    kern::ForwardParams p;
+    p.max_chunks = 1;
+    p.num_v_heads = 1;
+    const cudaError_t err =
+        kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kBF16>(p, kern::InverseMerges::kSplit, nullptr);
+    std::printf("bf16 storage with split merges: %s\n", err == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
+    ok &= err == cudaErrorInvalidValue;
   }
   cudaFree(k_dev);
   cudaFree(beta_dev);

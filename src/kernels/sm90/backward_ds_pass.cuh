@@ -7,10 +7,9 @@
 //   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), for the
 //     gradient pass (backward_grads.cuh): dS^T leaving every chunk into bp.chunk_grad_states (v4's
 //     staging: stmatrix into the group's free o staging at the chunk's top, 16-byte copies under
-//     its first wgmmas), <dS, S> per chunk into bp.chunk_grad_dots (dS in fp32, S^T entering the
-//     chunk from chunk_states: a bf16 dS^T would double the rounding in dgamma; a sequence's last
-//     chunk's comes from the pre-pass with S in fp32 when there is a dS_T, fwd.final_grad_dots),
-//     dh0 from the first chunk of a sequence.
+//     its first wgmmas), dh0 from the first chunk of a sequence. (dgamma's <dS, S> is the gradient
+//     pass's, from its bf16 S^T and dS^T tiles: reading S^T here was a quarter of this pass's bytes,
+//     and the dS rounding moves dg by under 1% of its error, bench/precision_study pre+dot16.)
 //
 // Math (the per-chunk dS terms of src/reference/backward_chunked.cpp, transposed; s = scale,
 // Gamma = diag(e^g), rho = e^{gamma - g}, P = G (.) Q K^T lower with the diagonal, Ag = G (.) A_r (.) 1 beta^T):
@@ -56,7 +55,6 @@ struct BackwardItem {
   int64_t first_chunk_id = 0;  // global chunk id of the chunk starting at bos (chunk_states row)
   StateBlock ds_end;           // gradient w.r.t. the state leaving the tokens; null: zero
   StateBlock ds_start;         // where the gradient w.r.t. the entering state goes; null: nowhere
-  bool sequence_end = false;   // main mode: the tokens end their sequence (or shard), ds_end is dS_T
 };
 
 __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, int64_t x, int h) {
@@ -71,7 +69,6 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
     item.first_chunk_id = seq.eos > seq.bos ? first_chunk(p, x) : 0;
     item.ds_end = user_state(bp.d_final_state, bp.d_final_state_strides, p.state_vk, x, h);
     item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, x, h);
-    item.sequence_end = true;
     return item;
   }
   const SegmentLocation at = locate_segment(p, x);
@@ -90,7 +87,6 @@ __device__ __forceinline__ BackwardItem backward_item(const BackwardParams& bp, 
                             : segment_state(bp.segment_grad_ends, p.num_v_heads, x, h);
     if (at.index == 0)
       item.ds_start = user_state(bp.d_initial_state, bp.d_initial_state_strides, p.state_vk, at.sequence, h);
-    item.sequence_end = at.last();
   }
   item.valid = true;
   item.first_chunk_id = first_chunk(p, at.sequence) + (item.bos - at.seq.bos) / kChunk;
@@ -168,29 +164,6 @@ struct BackwardDsPass {
     }
   }
 
-  // <D, S> for the gradient pass's dgamma, with D in fp32 (the state gradient leaving the chunk, this
-  // thread's D^T elements) and S^T entering the chunk from chunk_states (the group's rows): the pairs
-  // are loaded a chunk ahead and summed once the chunk's first wgmmas are issued.
-  static __device__ __forceinline__ void load_state_pairs(const Elem* rows, uint32_t (&pairs)[32]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        pairs[2 * j + e / 2] =
-            *reinterpret_cast<const uint32_t*>(rows + Tiles::acc_row(e) * kHeadDim + Tiles::acc_col(j, e));
-  }
-  static __device__ __forceinline__ float dot_with_pairs(const uint32_t (&pairs)[32], const StateAcc& dt) {
-    float dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float2 x = unpack_pair<Elem>(pairs[2 * j + e / 2]);
-        dot += x.x * dt[4 * j + e] + x.y * dt[4 * j + e + 1];
-      }
-    return dot;
-  }
-
   static __device__ __forceinline__ void run_state(const BackwardParams& bp, SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
     const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
@@ -208,13 +181,6 @@ struct BackwardDsPass {
     const bool save_states = bp.chunk_grad_states != nullptr;
 
     const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
-    // The last chunk's <dS_T, S> comes from the pre-pass (S in fp32) where it had dS_T.
-    const bool last_dot_done = item.sequence_end && p.final_grad_dots != nullptr;
-    uint32_t state_pairs[32];  // S^T entering the chunk, a chunk ahead (HBM latency off the chain)
-    if (save_states && num_chunks > (last_dot_done ? 1 : 0))
-      load_state_pairs(Rs::group_rows(p.chunk_states, last_chunk_id - (last_dot_done ? 1 : 0), p.num_v_heads, h,
-                                      group),
-                       state_pairs);
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       const int64_t chunk_id = last_chunk_id - c;
@@ -239,16 +205,8 @@ struct BackwardDsPass {
         wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
                                                      wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
       wg::commit();
-      if (save_states) {
+      if (save_states)
         Rs::copy_staged_state(Rs::group_rows(bp.chunk_grad_states, chunk_id, p.num_v_heads, h, group), s.o[group]);
-        if (c > 0 || !last_dot_done) {
-          const float dot = warp_sum(dot_with_pairs(state_pairs, dt));
-          if (threadIdx.x % 32 == 0)
-            bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + threadIdx.x / 32 - 4] = dot;
-          if (c + 1 < num_chunks)
-            load_state_pairs(Rs::group_rows(p.chunk_states, chunk_id - 1, p.num_v_heads, h, group), state_pairs);
-        }
-      }
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];

@@ -18,7 +18,8 @@
 // bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages have
 // retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its last
 // 16 rows into dVd after dq's add, added after E) and adds; the group's
-// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
+// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk)
+// and, as the sum's last reader, discards its lines from L2 (no HBM write-back of the scratch).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -30,6 +31,7 @@
 //      the gate record; A_r (fp32, registers in the group's [64, 32] layout) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
+//      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
 //      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
 //      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
@@ -47,8 +49,8 @@
 //      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
-//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from the dS pass,
-//      bp.chunk_grad_dots: dS in fp32 there), dg = reverse cumsum of dg_s,
+//      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
+//      chunk with a dS_T the pre-pass's, S in fp32: fwd.final_grad_dots), dg = reverse cumsum of dg_s,
 //      dbeta -> HBM (warp 0)
 #pragma once
 
@@ -84,6 +86,7 @@ struct BackwardGrads {
   struct Item {
     int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
     int rows, h, hk;
+    bool sequence_last;  // the chunk ends its sequence
     uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
     bool valid;
   };
@@ -108,6 +111,7 @@ struct BackwardGrads {
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
+    float state_dot_part[8];  // <dS, S>: per warp over its share of the state tiles, or the pre-pass's 8 partials
     alignas(8) uint64_t early, state, late;  // the item's three load sets
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
@@ -209,6 +213,7 @@ struct BackwardGrads {
         it.b = where.seq.batch;
         it.t0 = where.first_token;
         it.rows = where.rows;
+        it.sequence_last = where.first_token + where.rows == where.seq.eos;
         it.valid = true;
       }
       it.index = index;
@@ -298,6 +303,14 @@ struct BackwardGrads {
     return *reinterpret_cast<const float2*>((is_k && row < kDkHeadRows ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
+  // The unit's running dq (or dk) sum dropped from L2 by its last reader, the group's last v-head,
+  // once its bulk load has landed (this thread saw the mbarrier's phase): 32 KiB, a 128-byte line a
+  // thread. Every line of it was written by a bulk store: dirty, it would cost an HBM write-back.
+  static __device__ __forceinline__ void discard_partial(const BackwardParams& bp, const Item& it, bool is_k) {
+    static_assert(kPartialBytes == kThreads * 128, "one line a thread");
+    tma::discard_l2_line(unit_partial(bp, it) + (is_k ? kChunk * kHeadDim : 0) + threadIdx.x * 32);
+  }
+
   // The staged dq (or dk) at this thread's accumulator positions of group g's columns, added to acc.
   static __device__ __forceinline__ void add_staged_partial(const SharedStorage& s, bool is_k, int group, Acc& acc) {
 #pragma unroll
@@ -356,18 +369,45 @@ struct BackwardGrads {
       }
   }
 
+  // A sequence's last chunk takes <dS_T, S> from the pre-pass, with S in fp32 (fwd.final_grad_dots,
+  // written where a dS_T is given): the user's dht reaches the last tokens' dg through it whole.
+  static __device__ __forceinline__ bool prepass_dot(const BackwardParams& bp, const Item& it) {
+    return it.sequence_last && bp.fwd.final_grad_dots != nullptr;
+  }
+
+  // <dS, S> over this thread's share of the S^T and dS^T tiles (one layout: the same box geometry and
+  // swizzle, so elementwise products need no unswizzling): 16-byte units t, t + 256, .. of each.
+  static __device__ __forceinline__ float state_dot(const SharedStorage& s) {
+    constexpr int kUnits = kStateTileBytes / 16 / kThreads;
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int unit = threadIdx.x + kThreads * i;
+      const uint4 a = reinterpret_cast<const uint4*>(s.st)[unit];
+      const uint4 d = reinterpret_cast<const uint4*>(s.dst)[unit];
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 x = unpack_pair<Elem>(aw[w]), y = unpack_pair<Elem>(dw[w]);
+        sum[w % 2] += x.x * y.x + x.y * y.y;
+      }
+    }
+    return sum[0] + sum[1];
+  }
+
   // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (one warp, two rows a lane),
   // from the per-warp partials (complete after stage E's first barrier). Called after the item's
   // stores: before them it holds back the calling warp's share and its group's barrier.
-  static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma,
-                                        float dot_part) {
+  static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma) {
     const int lane = threadIdx.x % 32, rows = it.rows;
     const int64_t b = it.b, t0 = it.t0;
     const int h = it.h;
-    const float dot = warp_sum(dot_part);
-    float ka = 0.f;
+    float dot = 0.f, ka = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) ka += s.ka_part[w];
+    for (int w = 0; w < 8; ++w) {
+      dot += s.state_dot_part[w];
+      ka += s.ka_part[w];
+    }
     float dgs_row[2], dbeta_row[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -454,6 +494,7 @@ struct BackwardGrads {
     const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
     const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
+    const bool last_reader = add_partial && group_rank + 1 == group_size;  // of the unit's running sums
     // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
     // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
     const uint32_t staged_sums = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
@@ -464,14 +505,16 @@ struct BackwardGrads {
       (&s.dbeta_col[0][0])[e] = 0.f;
       (&s.dbeta_row[0][0])[e] = 0.f;
     }
-    // <dS, S> from the dS pass (8 partial sums), fetched now for the end (warp 0)
-    const float dot_part =
-        warp == 0 && lane < 8 ? bp.chunk_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
+    // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now, kept in
+    // shared memory for the end (stage A forms every other chunk's there)
+    const bool from_prepass = warp == 0 && lane < 8 && prepass_dot(bp, it);
+    const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
     timeline_mark(p, group, it.ordinal, 1);
+    if (from_prepass) s.state_dot_part[lane] = prepass_dot_part;
     if (rows < kChunk) zero_rows(s, rows);
     wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
@@ -486,6 +529,10 @@ struct BackwardGrads {
       wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
       wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
+      if (!prepass_dot(bp, it)) {  // under the wgmmas, which only read the tiles too
+        const float dot = warp_sum(state_dot(s));
+        if (lane == 0) s.state_dot_part[warp] = dot;
+      }
       wg::wait<0>();
       wg::fence_operand(u);
       wg::fence_operand(qk);
@@ -710,6 +757,7 @@ struct BackwardGrads {
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
+      if (last_reader) discard_partial(bp, it, false);
       add_staged_partial(s, false, group, dq);
       __syncthreads();  // every read of the staged dq done
       if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
@@ -752,6 +800,7 @@ struct BackwardGrads {
     }
     if (add_partial) {  // the group's running dk sum
       tma::wait(&s.partial_dk, staged_sums % 2);
+      if (last_reader) discard_partial(bp, it, true);
       timeline_mark(p, group, it.ordinal, 8);
       add_staged_partial(s, true, group, dk);
     }
@@ -799,7 +848,7 @@ struct BackwardGrads {
         }
     }
     timeline_mark(p, group, it.ordinal, 9);
-    if (warp == 0) store_dg_dbeta(bp, s, it, gamma, dot_part);
+    if (warp == 0) store_dg_dbeta(bp, s, it, gamma);
 
     timeline_mark(p, group, it.ordinal, 10);
     return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;

@@ -39,12 +39,12 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
 }
 
 // The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,
-// chunk_grad_states and chunk_grad_dots (the dS pass's main mode), the fp32 inverse, its gated copy
-// and the gate records.
+// chunk_grad_states (the dS pass's main mode), the fp32 inverse, its gated copy and the gate records
+// (and fwd.final_grad_dots, the pre-pass's, where a d_final_state is given).
 template <ElemKind E>
 cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStream_t stream) {
   if (p.fwd.max_chunks == 0 || p.fwd.num_v_heads == 0) return cudaSuccess;
-  if (p.chunk_grad_states == nullptr || p.chunk_grad_dots == nullptr || p.fwd.chunk_states == nullptr ||
+  if (p.chunk_grad_states == nullptr || p.fwd.chunk_states == nullptr ||
       p.fwd.gated_inverse_out == nullptr || p.fwd.chunk_gates == nullptr)
     return cudaErrorInvalidValue;
   using Kernel = BackwardGrads<ElemType<E>>;

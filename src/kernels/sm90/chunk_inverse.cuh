@@ -4,10 +4,11 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where the grid would have under 2 CTAs a SM: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (34 KiB with the bf16 inverse, 5 CTAs per SM by registers; 43 KiB with fp32, 4): K
+// Shared memory (34 KiB with fp16 merges, 43 KiB with split ones; 5 CTAs per SM by registers with the bf16
+// inverse, 4 with the fp32 one): K
 // tile [64][136] bf16 (padded rows), sharing its bytes with X = A_r, one fp16 tile [64][72] (warp_mma.cuh
-// HalfTile) for the bf16 inverse, kept split for bf16x3 for the fp32 one (SplitTile: bf16 hi + lo
-// [64][72] each); K is dead once K K^T is formed; StrictLower(K K^T) the same way, its diagonal
+// HalfTile) for fp16 merges, kept split for bf16x3 merges (SplitTile: bf16 hi + lo [64][72] each; the
+// fp32 inverse with kSplitMerges, launch.h's InverseMerges); K is dead once K K^T is formed; StrictLower(K K^T) the same way, its diagonal
 // blocks also in fp32 [4][16][16]; beta, gcum and the gated write's column factors [4 heads][64].
 // Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
 // its row scaling applied where L is used):
@@ -19,11 +20,12 @@
 //   3. for block rows i = 1, 2, 3, warp w < 2 i owning the 8 columns 8 w .. 8 w + 7 of the 16 i:
 //        T [16, 8]           = diag(beta_i) KK^T_{i, j:i} [16, 16 (i - j)] @ X_{j:i, 8w..} [16 (i - j), 8]
 //        X_{i, 8w..} [16, 8] = -X_ii [16,16] @ T [16, 8]                                  (j = w / 2)
-//      on tensor cores (mma_merge): for the fp32 inverse in bf16x3 (each fp32 operand split into bf16
+//      on tensor cores (mma_merge): with kSplitMerges in bf16x3 (each fp32 operand split into bf16
 //      hi + lo; hi.hi + hi.lo + lo.hi with fp32 accumulation: about 2^-16 relative error per
-//      product), for the bf16 one in plain fp16 (one product; bench/forward_precision: the forward's
-//      o within 1.3% of bf16x3's error; |X| <= ~2 while beta |k|^2 <= 2, fp16's range otherwise
-//      at stake, as in v5). KK^T and X fragments come by ldmatrix from their tiles; T stays in
+//      product: the fp32 inverse for any keys), else in plain fp16 (one product; bench/forward_precision:
+//      the forward's o within 1.3% of bf16x3's error, bench/precision_study's pre+inv16: no gradient's
+//      error moves by 2% of itself; |X| <= ~2 while beta |k|^2 <= 2, fp16's range otherwise at
+//      stake, as in v5). KK^T and X fragments come by ldmatrix from their tiles; T stays in
 //      registers (movmatrix turns its accumulator into the B fragment), so a block row needs one
 //      barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
@@ -45,16 +47,16 @@
 
 namespace flashgdn::kern {
 
-template <typename Elem, typename InverseT>
+template <typename Elem, typename InverseT, bool kSplitMerges>
 struct ChunkInverse {
   static constexpr int kThreads = 256;
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
   static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
-  // The merges' operands: split for bf16x3 where the inverse is stored in fp32 (the backward's), plain
-  // fp16 where it is stored in 16 bits (the forward's A_r, as v5's in-kernel inverse).
-  using MergeTile =
-      std::conditional_t<std::is_same_v<InverseT, float>, SplitTile<kChunk, kPitchX>, HalfTile<kChunk, kPitchX>>;
+  // The merges' operands (launch.h's InverseMerges): split for bf16x3 (the fp32 inverse for any keys),
+  // else plain fp16 (the 16-bit inverse, as v5's in-kernel one; the backward's fp32 one by default).
+  static_assert(!kSplitMerges || std::is_same_v<InverseT, float>, "split merges for the fp32 inverse only");
+  using MergeTile = std::conditional_t<kSplitMerges, SplitTile<kChunk, kPitchX>, HalfTile<kChunk, kPitchX>>;
 
   struct SharedStorage {
     union {
@@ -324,13 +326,14 @@ struct ChunkInverse {
   }
 };
 
-// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there and runs 4.
-template <typename Elem, typename InverseT>
+// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there (with either merges)
+// and runs 4.
+template <typename Elem, typename InverseT, bool kSplitMerges>
 __global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
     chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
-  ChunkInverse<Elem, InverseT>::run(p);
+  ChunkInverse<Elem, InverseT, kSplitMerges>::run(p);
 }
 
 }  // namespace flashgdn::kern

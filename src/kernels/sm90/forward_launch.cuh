@@ -17,12 +17,11 @@
 
 namespace flashgdn::kern {
 
-template <ElemKind E, InverseKind I>
-cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
-  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>>;
-  if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
+template <ElemKind E, InverseKind I, bool kSplitMerges>
+cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
+  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>>;
+  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
@@ -40,6 +39,18 @@ cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(grouped));
   return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
+}
+
+// Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them).
+template <ElemKind E, InverseKind I>
+cudaError_t launch_chunk_inverse(const ForwardParams& p, InverseMerges merges, cudaStream_t stream) {
+  if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
+  if constexpr (I == InverseKind::kF32) {
+    if (merges == InverseMerges::kSplit) return launch_chunk_inverse_kernel<E, I, true>(p, stream);
+  } else {
+    if (merges == InverseMerges::kSplit) return cudaErrorInvalidValue;
+  }
+  return launch_chunk_inverse_kernel<E, I, false>(p, stream);
 }
 
 // One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]);

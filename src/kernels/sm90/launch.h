@@ -9,6 +9,9 @@ namespace flashgdn::kern {
 
 enum class ElemKind { kBF16, kF16 };   // dtype of q, k, v, o
 enum class InverseKind { kF32, kBF16 };  // storage of the gate-free inverse A_r
+// The chunk inverse's merges (chunk_inverse.cuh): plain fp16 (needs beta |k|^2 <= 2: the bf16 inverse
+// always, the backward's fp32 one by default) or split bf16, bf16x3 (any keys; fp32 storage only).
+enum class InverseMerges { kHalf, kSplit };
 
 // x / sqrt(sum(x^2) + 1e-6) of each 128-vector of src into the contiguous dst (rows = b*t*h).
 template <ElemKind E>
@@ -69,7 +72,7 @@ cudaError_t launch_chunk_gates(const ForwardParams& p, cudaStream_t stream);
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream);
 
 template <ElemKind E, InverseKind I>
-cudaError_t launch_chunk_inverse(const ForwardParams& p, cudaStream_t stream);
+cudaError_t launch_chunk_inverse(const ForwardParams& p, InverseMerges merges, cudaStream_t stream);
 
 template <ElemKind E, InverseKind I>
 cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream);

@@ -85,8 +85,8 @@ struct ForwardParams {
   // With chunk_states and the backward's d_final_state (fp32, states layout): <dS_T, S> of every
   // sequence's (or shard's) last chunk, S the state entering it in fp32 (not chunk_states' bf16:
   // dS_T is a large random-signed gradient, its dot with a bf16 S loses up to 8e-3 of dg on a short
-  // last chunk), as 8 per-warp partials into final_grad_dots[chunk id][hv][8]
-  // (BackwardParams::chunk_grad_dots; the dS pass leaves that chunk's). Null: not computed.
+  // last chunk), as 8 per-warp partials into final_grad_dots[chunk id][hv][8], for the gradient
+  // pass's dgamma (it forms every other chunk's from its S^T and dS^T tiles). Null: not computed.
   const float* final_grad = nullptr;
   int64_t final_grad_strides[4] = {0, 0, 0, 0};
   float* final_grad_dots = nullptr;
@@ -197,9 +197,6 @@ struct BackwardParams {
   // chunk, transposed, dtype of q, [chunk id][hv][128][128] (dS^T: V rows, K columns; chunk_states'
   // layout), for the gradient pass.
   void* chunk_grad_states = nullptr;
-  // With chunk_grad_states: <dS, S> of every chunk (dS leaving it in fp32, S entering it from
-  // chunk_states), as 8 per-warp partial sums of the dS pass's state groups, [chunk id][hv][8].
-  float* chunk_grad_dots = nullptr;
 };
 
 }  // namespace flashgdn::kern

@@ -2,6 +2,6 @@
 #include "kernels/sm90/forward_launch.cuh"
 
 namespace flashgdn::kern {
-template cudaError_t launch_chunk_inverse<ElemKind::kBF16, InverseKind::kBF16>(const ForwardParams&, cudaStream_t);
+template cudaError_t launch_chunk_inverse<ElemKind::kBF16, InverseKind::kBF16>(const ForwardParams&, InverseMerges, cudaStream_t);
 template cudaError_t launch_fused_forward<ElemKind::kBF16, InverseKind::kBF16>(const ForwardParams&, cudaStream_t);
 }  // namespace flashgdn::kern
