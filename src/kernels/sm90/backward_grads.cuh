@@ -18,8 +18,7 @@
 // bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages have
 // retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its last
 // 16 rows into dVd after dq's add, added after E) and adds; the group's
-// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk)
-// and, as the sum's last reader, discards its lines from L2 (no HBM write-back of the scratch).
+// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg (then X), dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -303,14 +302,6 @@ struct BackwardGrads {
     return *reinterpret_cast<const float2*>((is_k && row < kDkHeadRows ? s.ar : s.vd) + 4 * partial_offset(row, col));
   }
 
-  // The unit's running dq (or dk) sum dropped from L2 by its last reader, the group's last v-head,
-  // once its bulk load has landed (this thread saw the mbarrier's phase): 32 KiB, a 128-byte line a
-  // thread. Every line of it was written by a bulk store: dirty, it would cost an HBM write-back.
-  static __device__ __forceinline__ void discard_partial(const BackwardParams& bp, const Item& it, bool is_k) {
-    static_assert(kPartialBytes == kThreads * 128, "one line a thread");
-    tma::discard_l2_line(unit_partial(bp, it) + (is_k ? kChunk * kHeadDim : 0) + threadIdx.x * 32);
-  }
-
   // The staged dq (or dk) at this thread's accumulator positions of group g's columns, added to acc.
   static __device__ __forceinline__ void add_staged_partial(const SharedStorage& s, bool is_k, int group, Acc& acc) {
 #pragma unroll
@@ -494,7 +485,6 @@ struct BackwardGrads {
     const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
     const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
-    const bool last_reader = add_partial && group_rank + 1 == group_size;  // of the unit's running sums
     // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
     // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
     const uint32_t staged_sums = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
@@ -757,7 +747,6 @@ struct BackwardGrads {
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
-      if (last_reader) discard_partial(bp, it, false);
       add_staged_partial(s, false, group, dq);
       __syncthreads();  // every read of the staged dq done
       if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
@@ -800,7 +789,6 @@ struct BackwardGrads {
     }
     if (add_partial) {  // the group's running dk sum
       tma::wait(&s.partial_dk, staged_sums % 2);
-      if (last_reader) discard_partial(bp, it, true);
       timeline_mark(p, group, it.ordinal, 8);
       add_staged_partial(s, true, group, dk);
     }

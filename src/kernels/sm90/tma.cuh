@@ -101,14 +101,6 @@ __device__ __forceinline__ void wait_bulk() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// The 128-byte line at `line` (128-byte aligned, global) dropped from L2 without its write-back: a
-// weak write of indeterminate values, for scratch that no one reads again (a dirty line otherwise
-// costs an HBM write when it is evicted). Its last reader must have completed (e.g. a bulk load
-// whose mbarrier phase this thread has seen), and no write to it may follow in the same grid.
-__device__ __forceinline__ void discard_l2_line(const void* line) {
-  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
-}
-
 // The descriptor `map` fetched ahead of its first load (its fetch otherwise waits inside that load).
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
