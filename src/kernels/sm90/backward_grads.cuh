@@ -8,9 +8,10 @@
 // chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
 // 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
 // set (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate
-// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64 tokens; group g owns
-// columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
-// (m64n32), except X (both groups form it whole: it is Y's A operand, from registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
+// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64
+// tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g ..
+// of the 64-wide ones (m64n32), except X (both groups form it whole: it is Y's A operand, from
+// registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
 // units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
 // dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
 // columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a
@@ -100,7 +101,7 @@ struct BackwardGrads {
     alignas(1024) unsigned char dst[kStateTileBytes];  // dS^T leaving it
     alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM
     alignas(1024) unsigned char ar[kSquareTileBytes];
-    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
+    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P
     alignas(1024) unsigned char dar[kSquareTileBytes];
     alignas(1024) unsigned char dp[kSquareTileBytes];
     alignas(1024) unsigned char vd[kTokenTileBytes];
@@ -697,7 +698,7 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
-    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
+    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
@@ -754,7 +755,7 @@ struct BackwardGrads {
     // S^T's last readers (E's first terms) are done: the next item's S^T loads under stage E
     if (threadIdx.x == kIssuer && s.next.valid) issue_state(p, maps, s, s.next);
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
-      if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
+      if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg, dA_r are retired
       tma::wait(&s.partial, staged_sums % 2);
       if (last_reader) discard_partial(bp, it, false);
       add_staged_partial(s, false, group, dq);
