@@ -488,8 +488,9 @@ struct BackwardGrads {
     const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
     // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
-    // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
-    const uint32_t staged_sums = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
+    // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1;
+    // its parity formed where it is waited on (kept live across the item, it spilled at 255 registers)
+    const auto partial_phase = [&] { return (it.ordinal / group_size * (group_size - 1) + group_rank - 1) % 2; };
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -746,7 +747,7 @@ struct BackwardGrads {
     if (threadIdx.x == kIssuer && s.next.valid) issue_state(p, maps, s, s.next);
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
       if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg, dA_r are retired
-      tma::wait(&s.partial, staged_sums % 2);
+      tma::wait(&s.partial, partial_phase());
       add_staged_partial(s, false, group, dq);
       __syncthreads();  // every read of the staged dq done
       if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
@@ -788,7 +789,7 @@ struct BackwardGrads {
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
     if (add_partial) {  // the group's running dk sum
-      tma::wait(&s.partial_dk, staged_sums % 2);
+      tma::wait(&s.partial_dk, partial_phase());
       timeline_mark(p, group, it.ordinal, 8);
       add_staged_partial(s, true, group, dk);
     }
