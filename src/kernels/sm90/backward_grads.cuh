@@ -8,10 +8,10 @@
 // chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
 // 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
 // set (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate
-// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64 tokens; group g owns
-// columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones
-// (m64n32), except X (group 0 alone: its B is MN-major, and an N offset inside a swizzled row is
-// avoided). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
+// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64
+// tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g ..
+// of the 64-wide ones (m64n32), except X (both groups form it whole: it is Y's A operand, from
+// registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
 // units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
 // dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
 // columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a
@@ -21,7 +21,7 @@
 // last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
-// [128][128]; Ag (then dM), A_r, Pg (then X), dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
+// [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
@@ -41,10 +41,10 @@
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
 //      registers (a second commit group, running under the first one's epilogue): dg_s +=
 //      rowsum(Q (.) dQ_a) - rowsum(K (.) dK_a) (E adds the last back: dg_s's dK_a term is a's alone)
-//   D  X = A_r^T dA_r (group 0, n64: A_r "MN", dA_r "MN") -> Pg's bytes;  then Y = X A_r^T (n32,
-//      A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
+//   D  X = A_r^T dA_r (each group whole, n64: A_r "MN", dA_r "MN") -> A fragments;  then Y = X A_r^T
+//      (RS, n32, A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes;  E's first terms, which need nothing from D, in flight
-//      under it (group 1 issues them under group 0's X, group 0 right behind X; waited for with Y, KK):
+//      under it (issued right behind X; waited for with Y, KK):
 //      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
 //   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
@@ -56,6 +56,7 @@
 #include <cstddef>
 
 #include "kernels/sm90/chunk_gates.cuh"
+#include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
@@ -73,8 +74,9 @@ struct BackwardGrads {
   using Major = wg::Major;
   using Acc = float[32];    // m64n64
   using Acc32 = float[16];  // m64n32
+  using Fragments = uint32_t[4];  // the A operand of one RS k-step
   static constexpr int kThreads = 256;
-  static constexpr int kIssuer = 128;  // group 1's first thread issues the loads (group 1 idles in stage D's X)
+  static constexpr int kIssuer = 128;  // group 1's first thread issues the loads
   static constexpr int kTokenTileBytes = Tiles::kTokenTileBytes;    // [64][128]
   static constexpr int kStateTileBytes = Tiles::kStateTileBytes;    // [128][128]
   static constexpr int kSquareTileBytes = Tiles::kSquareTileBytes;  // [64][64]
@@ -98,7 +100,7 @@ struct BackwardGrads {
     alignas(1024) unsigned char dst[kStateTileBytes];  // dS^T leaving it
     alignas(1024) unsigned char ag[kSquareTileBytes];  // Ag, then dM
     alignas(1024) unsigned char ar[kSquareTileBytes];
-    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P, then X
+    alignas(1024) unsigned char pg[kSquareTileBytes];  // s G (.) P
     alignas(1024) unsigned char dar[kSquareTileBytes];
     alignas(1024) unsigned char dp[kSquareTileBytes];
     alignas(1024) unsigned char vd[kTokenTileBytes];
@@ -486,8 +488,9 @@ struct BackwardGrads {
     const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
     // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
-    // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1
-    const uint32_t staged_sums = it.ordinal / group_size * (group_size - 1) + group_rank - 1;
+    // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1;
+    // its parity formed where it is waited on (kept live across the item, it spilled at 255 registers)
+    const auto partial_phase = [&] { return (it.ordinal / group_size * (group_size - 1) + group_rank - 1) % 2; };
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
     for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
@@ -686,7 +689,7 @@ struct BackwardGrads {
     wg::fence_shared_to_async();
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
-    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (group 1 waits for group 0's X below)
+    if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
@@ -698,27 +701,25 @@ struct BackwardGrads {
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
-    if (group == 0) {
-      Acc x;
-      wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
-      wg::commit();
-      issue_first_terms(s, group, dq, dk);  // behind X, running under X's store and the barrier
-      wg::commit();
-      wg::wait<1>();
-      wg::fence_operand(x);
-      Tiles::store_fragments(s.pg, 0, [&](int j, int e) { return x[4 * j + e]; });
-      wg::fence_shared_to_async();
-    } else {  // idle under group 0's X: Stage E's first terms need nothing from D
-      wg::fence();
-      issue_first_terms(s, group, dq, dk);
-      wg::commit();
-    }
-    __syncthreads();
     {
+      Fragments x_frag[4];  // X = A_r^T dA_r [64, 64], whole in each group: Y's A operand
+      {
+        Acc x;
+        wg::fence();
+        wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
+        wg::commit();
+        issue_first_terms(s, group, dq, dk);  // behind X: they need nothing from D
+        wg::commit();
+        wg::wait<1>();
+        wg::fence_operand(x);
+        FusedForwardRs<Elem, __nv_bfloat16>::template to_fragments<4>(x, x_frag);
+      }
       Acc32 y, kk;
       wg::fence();
-      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kChunk>(y, s.pg, kChunk, s.ar + 32 * group * 128, kChunk, false);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::descriptor<Major::kK>(s.ar + 32 * group * 128, 16 * ks, kChunk),
+                                        ks > 0);
       wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
@@ -745,8 +746,8 @@ struct BackwardGrads {
     // S^T's last readers (E's first terms) are done: the next item's S^T loads under stage E
     if (threadIdx.x == kIssuer && s.next.valid) issue_state(p, maps, s, s.next);
     if (add_partial) {  // the group's running dq sum into dq (complete: no stage-E term is left)
-      if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg (X), dA_r are retired
-      tma::wait(&s.partial, staged_sums % 2);
+      if (threadIdx.x == kIssuer) issue_partial_dk_head(bp, s, it);  // A_r, Pg, dA_r are retired
+      tma::wait(&s.partial, partial_phase());
       add_staged_partial(s, false, group, dq);
       __syncthreads();  // every read of the staged dq done
       if (threadIdx.x == kIssuer) issue_partial_dk_tail(bp, s, it);
@@ -788,7 +789,7 @@ struct BackwardGrads {
       for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
     }
     if (add_partial) {  // the group's running dk sum
-      tma::wait(&s.partial_dk, staged_sums % 2);
+      tma::wait(&s.partial_dk, partial_phase());
       timeline_mark(p, group, it.ordinal, 8);
       add_staged_partial(s, true, group, dk);
     }
