@@ -24,6 +24,8 @@
 //   pre+inv3, pre+inv16   pre+a32 with the chunk inverse as the kernels form it: its merges in split
 //                bf16 (bf16x3, the backward's fp32 inverse today) or in fp16 (fp16x1, the forward's bf16
 //                inverse since candidate-s41), bench/chunk_inverse_emulation.h
+//   inv16+ar16, inv16+arbf16   pre+inv16 with A_r stored by the chunk inverse in fp16 or bf16 where
+//                the gradient pass reads it unrounded (dbeta's first term, E's Ag (.) dAg; today fp32)
 // The summary also gives the worst relative L2 errors of dq, dk, dv, dbeta and dh0 (the gradient of
 // the initial state) for each emulation.
 //
@@ -88,7 +90,10 @@ std::vector<Emulation> emulations() {
   out.push_back({"pre+a32", a32});
   out.push_back({"pre+dot16", with(a32, [](auto& r) { r.dot_grad_state = true; })});
   out.push_back({"pre+inv3", with(a32, [](auto& r) { r.inverse = &inverse_bf16x3; })});
-  out.push_back({"pre+inv16", with(a32, [](auto& r) { r.inverse = &inverse_fp16x1; })});
+  const bwd::KernelRounding inv16 = with(a32, [](auto& r) { r.inverse = &inverse_fp16x1; });
+  out.push_back({"pre+inv16", inv16});
+  out.push_back({"inv16+ar16", with(inv16, [](auto& r) { r.inverse_store = bwd::InverseStore::kFp16; })});
+  out.push_back({"inv16+arbf16", with(inv16, [](auto& r) { r.inverse_store = bwd::InverseStore::kBf16; })});
   for (unsigned i = 0; i < std::size(bwd::kTileNames); ++i)
     out.push_back({std::string("all-") + bwd::kTileNames[i],
                    {.operand_states = true, .tiles = true, .tile_mask = ~(1u << i)}});

@@ -51,6 +51,10 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //                   sequence's last chunk with exact_last_dot;
 //   fp32_a          dg's a term, rowsum(K (.) dK_a) = rho (.) rowsum((K dS) (.) Vd), from the fp32
 //                   products (Vd before its tile's rounding), as the gradient pass takes it;
+//   inverse_store   how the gradient pass reads A_r where it takes it unrounded (dbeta's first term
+//                   colsum(dAg (.) G (.) A_r) and E's Ag (.) dAg = (dAg (.) G (.) 1 beta^T) (.) A_r): fp32
+//                   (exact here), or stored in fp16 or bf16 by the chunk inverse (its bf16 tile then
+//                   rounded from that);
 //   inverse         the chunk inverse as the kernels form it (every use: the pre-pass, the dS pass and
 //                   the gradient pass read one A_r), from L = diag(beta) StrictLower(K K^T) [64][64]
 //                   (fp32 values, a partial chunk's rows past its end zero) to X [64][64]; null: exact
@@ -61,11 +65,13 @@ HeadGrads backward_tokens(const HeadInputs& h, const std::vector<double>& d_o,
 //                   kOneRound with the chunk's map folded first (D' = e^gamma D + F^T D + K^T C^T + (s Gamma Q)^T dO,
 //                   F^T = K^T (-Ag Gamma)^T (rho K), C^T = (-Ag Gamma)^T Pg^T dO: one D-dependent product).
 enum class DsPass { kExact, kThreeRounds, kOneRound };
+enum class InverseStore { kFp32, kFp16, kBf16 };
 struct KernelRounding {
   bool dot_state = false, exact_last_dot = false, operand_states = false, tiles = false, exact_last_vd = false;
   unsigned tile_mask = ~0u;
   bool prepass_states = false, prepass_exact_update = false, fp32_a = false, dot_grad_state = false;
   DsPass ds_pass = DsPass::kExact;
+  InverseStore inverse_store = InverseStore::kFp32;
   std::vector<double> (*inverse)(const std::vector<double>& lower) = nullptr;
 };
 inline constexpr const char* kTileNames[] = {"Ag", "W", "Pg", "A_r", "Vd", "dVd", "dA_r", "X", "dP", "dU", "dM"};

@@ -180,6 +180,7 @@ Mat next_state(const ChunkFwd& c, const Mat& S, int Kd, int Vd) {
 }
 
 double to_bf16(double x) { return static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(x)))); }
+double to_fp16(double x) { return static_cast<double>(static_cast<_Float16>(static_cast<float>(x))); }
 Mat bf16(Mat m) {
   for (double& x : m) x = to_bf16(x);
   return m;
@@ -291,7 +292,14 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     const Mat& Ag_t = rounded(tiled(0), c.Ag, Ag_r);
     const Mat& W_t = rounded(tiled(1), c.W, W_r);
     const Mat& Pg_t = rounded(tiled(2), c.Pg, Pg_r);
-    const Mat& Ar_t = rounded(tiled(3), c.Ar, Ar_r);
+    // A_r as the gradient pass reads it (KernelRounding::inverse_store), its tile rounded from that
+    Mat Ar_stored;
+    if (rounding.inverse_store != InverseStore::kFp32) {
+      Ar_stored = c.Ar;
+      for (double& x : Ar_stored) x = rounding.inverse_store == InverseStore::kFp16 ? to_fp16(x) : to_bf16(x);
+    }
+    const Mat& Ar_read = Ar_stored.empty() ? c.Ar : Ar_stored;
+    const Mat& Ar_t = rounded(tiled(3), Ar_read, Ar_r);
     Mat Vd_acc;  // Vd as the fp32 accumulator holds it, before its tile's rounding
     if (rounding.tiles && !(rounding.exact_last_vd && last)) {  // Vd from the rounded Ag and W
       Vd_r = mm(Ag_t, W_t, n, n, Vd);
@@ -331,7 +339,7 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
       for (int j = 0; j <= i; ++j) {
         const double t = dAg[i * n + j] * c.G[i * n + j];
         dAr[i * n + j] = t * c.beta[j];
-        dbeta[j] += t * c.Ar[i * n + j];
+        dbeta[j] += t * Ar_read[i * n + j];
       }
     // dL = −StrictLower(A_rᵀ dA_r A_rᵀ)
     Mat dAr_r;
@@ -367,7 +375,8 @@ HeadGrads backward_chunked(const HeadInputs& h, const std::vector<double>& d_o,
     std::vector<double> dgs(n, 0.0);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j <= i; ++j) {
-        const double E = c.Pg[i * n + j] * dPg[i * n + j] + c.Ag[i * n + j] * dAg[i * n + j];
+        const double ag = Ar_stored.empty() ? c.Ag[i * n + j] : c.G[i * n + j] * Ar_read[i * n + j] * c.beta[j];
+        const double E = c.Pg[i * n + j] * dPg[i * n + j] + ag * dAg[i * n + j];
         dgs[i] += E;
         dgs[j] -= E;
       }
