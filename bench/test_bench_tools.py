@@ -331,6 +331,34 @@ class NcuSourceTop(unittest.TestCase):
         self.assertIn(" 10.0%  BAR.SYNC.DEFER_BLOCKING", text)
 
 
+class AbCompare(unittest.TestCase):
+    LOG = ("8x1024:16:32:bwd: whole call {w} us (graph, PDL on), kernels 700.0 us (PDL off), rest 1.0 us\n"
+           "       {g} us  backward_grads_kernel (x1)\n"
+           "        60.0 us  chunk_inverse_kernel (x1)\n"
+           "1x8192:2:4:bwd: whole call 275.0 us (graph, PDL on), kernels 265.0 us (PDL off), rest 10.0 us\n"
+           "        75.0 us  backward_ds_pass_kernel (x2)\n")
+
+    def test_rounds_and_changes(self):
+        import ab_compare
+        base = ab_compare.parse(self.LOG.format(w=700.0, g=400.0) + self.LOG.format(w=710.0, g=410.0))
+        self.assertEqual(len(base), 2)  # a row seen again starts the next round
+        self.assertEqual(base[1]["8x1024:16:32:bwd"], {"whole call": 710.0, "backward_grads_kernel": 410.0,
+                                                        "chunk_inverse_kernel": 60.0})
+        cand = ab_compare.parse(self.LOG.format(w=639.0, g=369.0).replace("        60.0 us  chunk_inverse_kernel (x1)\n", ""))
+        text = ab_compare.compare([("baseline", base), ("candidate", cand)])  # the baseline's last round
+        blocks = {block.splitlines()[0]: block for block in text.split("\n\n") if block.strip()}
+        self.assertEqual(list(blocks), ["8x1024:16:32:bwd", "1x8192:2:4:bwd"])
+        lines = {line.split()[0]: line for line in blocks["8x1024:16:32:bwd"].splitlines()[2:]}
+        self.assertIn("-10.0%", lines["whole"])  # 639 against 710
+        self.assertIn("-10.0%", lines["backward_grads_kernel"])  # 369 against 410
+        self.assertTrue(lines["chunk_inverse_kernel"].rstrip().endswith("-"))  # absent in the candidate
+        self.assertIn("+0.0%", blocks["1x8192:2:4:bwd"].splitlines()[-1])  # backward_ds_pass_kernel
+        first = ab_compare.compare([("baseline", base), ("candidate", cand)], round_index=0)
+        self.assertIn("-8.7%", first)  # 639 against round 1's 700
+        with self.assertRaises(ValueError):
+            ab_compare.compare([("baseline", base), ("empty", ab_compare.parse("no rows"))])
+
+
 class Printing(unittest.TestCase):
     def test_row_and_header(self):
         text = report.table_row(sample_row())

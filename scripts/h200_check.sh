@@ -38,7 +38,7 @@
 #   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's (each
 #   through its own tree's Python package),
 #   alternating, twice each (ab_baseline.log, ab_candidate.log: one machine, no spread between
-#   machines); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
+#   machines; bench/ab_compare.py sets their kernel_breakdown rows side by side, ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
 #   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
 #   scripts/make_baseline.sh <ref> variant, carried too) builds a second candidate in build-variant,
 #   runs its own VARIANT_PYTEST (default tests/gpu/test_forward.py; its Python package and library) and
@@ -319,6 +319,9 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     echo "== baseline $baseline_sha"; tail -n 30 "$OUT/ab_baseline.log"
     echo "== candidate ${FLASHGDN_COMMIT:-}"; tail -n 30 "$OUT/ab_candidate.log"
     [ -n "$variant_sha" ] && { echo "== variant $variant_sha"; tail -n 30 "$OUT/ab_variant.log"; }
+    # the kernel_breakdown rows side by side, last round, changes against the baseline (ab_compare.txt)
+    python3 bench/ab_compare.py "$OUT/ab_baseline.log" "$OUT/ab_candidate.log" ${variant_sha:+"$OUT/ab_variant.log"} \
+      >"$OUT/ab_compare.txt" 2>&1 && { echo "== A/B, last round"; cat "$OUT/ab_compare.txt"; }
     if [ -n "${BASELINE_TABLES:-}" ]; then
       for direction in fwd bwd; do
         FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so PYTHONPATH=$(own_python .carry/baseline) \
