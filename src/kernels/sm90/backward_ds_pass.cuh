@@ -177,7 +177,7 @@ struct BackwardDsPass {
       for (int x = 0; x < 64; ++x) dt[x] = 0.f;
     }
     Fragments dt_frag[8];
-    Rs::template to_fragments<8>(dt, dt_frag);
+    wg::to_fragments<Elem, 8>(dt, dt_frag);
     const bool save_states = bp.chunk_grad_states != nullptr;
 
     const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
@@ -210,7 +210,7 @@ struct BackwardDsPass {
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];
-      Rs::template to_fragments<4>(dvd, dvd_frag);
+      wg::to_fragments<Elem, 4>(dvd, dvd_frag);
 
       // dU^T = dVd^T (-Ag Gamma)
       Acc du;
@@ -222,7 +222,7 @@ struct BackwardDsPass {
       wg::wait<0>();
       wg::fence_operand(du);
       Fragments du_frag[4];
-      Rs::template to_fragments<4>(du, du_frag);
+      wg::to_fragments<Elem, 4>(du, du_frag);
 
       // D^T = e^gamma D^T + dU^T K + dO^T (s Gamma Q)
       const float decay = exp2_approx(s.gcum[buf][kChunk - 1]);
@@ -240,7 +240,7 @@ struct BackwardDsPass {
       wg::wait<0>();
       wg::fence_operand(dt);
       tma::arrive(&s.free[buf]);  // every read of the slot is done
-      Rs::template to_fragments<8>(dt, dt_frag);
+      wg::to_fragments<Elem, 8>(dt, dt_frag);
     }
     if (item.ds_start.base != nullptr) Rs::store_state(item.ds_start, col0, dt);
   }

@@ -56,7 +56,6 @@
 #include <cstddef>
 
 #include "kernels/sm90/chunk_gates.cuh"
-#include "kernels/sm90/fused_forward_rs.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/params.h"
@@ -712,7 +711,7 @@ struct BackwardGrads {
         wg::commit();
         wg::wait<1>();
         wg::fence_operand(x);
-        FusedForwardRs<Elem, __nv_bfloat16>::template to_fragments<4>(x, x_frag);
+        wg::to_fragments<Elem, 4>(x, x_frag);
       }
       Acc32 y, kk;
       wg::fence();

@@ -301,15 +301,6 @@ struct FusedForwardRs {
                   st);
   }
 
-  // An accumulator's N columns as the A fragments of N / 16 k-steps (Elem pairs, in registers).
-  template <int kSteps>
-  static __device__ __forceinline__ void to_fragments(const float (&acc)[8 * kSteps], Fragments (&frag)[kSteps]) {
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) frag[ks][q] = pack_pair<Elem>(acc[8 * ks + 2 * q], acc[8 * ks + 2 * q + 1]);
-  }
-
   // The per-token gate scales of a chunk's end, from its gcum (log2 units): 2^gcum[t] (QS^T's columns)
   // and rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63]. v4 takes them from
   // gcum here (two ex2 a pair); v5 reads tables its aux group wrote (FusedForwardInv::GateTables).
@@ -401,7 +392,7 @@ struct FusedForwardRs {
     timeline_mark(p, 1, c, 4);
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
-    to_fragments<8>(st, st_frag);
+    wg::to_fragments<Elem, 8>(st, st_frag);
     if constexpr (kWithO)
       Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
                                            [&](int j, int e) { return p.scale * o[4 * j + e]; });
@@ -443,7 +434,7 @@ struct FusedForwardRs {
     load_initial_state(item, 64 * group, st);
     timeline_mark(p, 1, 1, 11);
     if (fused_forward_starts_early(p)) wait_for_previous_grid();
-    to_fragments<8>(st, st_frag);
+    wg::to_fragments<Elem, 8>(st, st_frag);
   }
 
   // The backward's chunk-state pass writes no o, so a state group's o staging (o[group], 16 KiB)

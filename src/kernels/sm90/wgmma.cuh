@@ -157,6 +157,17 @@ __device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), \
                  "n"(kTransB))
 
+// An m64nN accumulator's columns as the A operands of N / 16 RS k-steps (mma_rs): the accumulator's
+// columns 16 ks .. 16 ks + 15 are, element for element, the m16k16 A fragment of k-step ks; packed
+// in Elem pairs.
+template <typename Elem, int kSteps>
+__device__ __forceinline__ void to_fragments(const float (&acc)[8 * kSteps], uint32_t (&frag)[kSteps][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) frag[ks][q] = pack_pair<Elem>(acc[8 * ks + 2 * q], acc[8 * ks + 2 * q + 1]);
+}
+
 // d[N/2] (+)= A[64,16] @ B[16,N] with A from registers (Elem x2, the mma.sync m16k16 A fragment of
 // each warp's 16-row band, warp_mma.cuh) and B from shared memory; Elem bf16 or fp16, N 16, 32, 64
 // or 128.
