@@ -69,7 +69,7 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   BackwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
-  layout.inverse = offset;
+  layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 in its first half
   offset = align_up(offset + tokens_heads * 64 * sizeof(float));
   layout.gated_inverse = offset;
   offset = align_up(offset + tokens_heads * 64 * 2);
@@ -158,6 +158,8 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
     return s;
   p.inverse = ws + layout.inverse;
   p.gated_inverse_out = ws + layout.gated_inverse;
+  // A_r's rows in fp16 where the merges are (the same values, half the gradient pass's A_r bytes)
+  p.inverse_rows_fp16 = !problem.inverse_fp32;
   p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;
