@@ -148,7 +148,7 @@ int main() {
     ok &= run<kern::InverseKind::kBF16>("A_r in bf16", kern::InverseMerges::kHalf, heads_per_cta, k_dev, beta_dev,
                                         want, 1e-2);
   }
-  {  // split merges are for the fp32 inverse only: refused for bf16 storage
+  {  // split merges are for the fp32 inverse, in fp32 rows, only: refused for bf16 storage and fp16 rows
     kern::ForwardParams p;
     p.max_chunks = 1;
     p.num_v_heads = 1;
@@ -156,6 +156,11 @@ int main() {
         kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kBF16>(p, kern::InverseMerges::kSplit, nullptr);
     std::printf("bf16 storage with split merges: %s\n", err == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
     ok &= err == cudaErrorInvalidValue;
+    p.inverse_rows_fp16 = true;  // fp16 rows of split merges would not be exact
+    const cudaError_t split_fp16 =
+        kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kF32>(p, kern::InverseMerges::kSplit, nullptr);
+    std::printf("fp16 rows with split merges: %s\n", split_fp16 == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
+    ok &= split_fp16 == cudaErrorInvalidValue;
   }
   cudaFree(k_dev);
   cudaFree(beta_dev);
