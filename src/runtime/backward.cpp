@@ -30,12 +30,11 @@
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
 // d_final_state and the rest, on kMaps' workspace.
 //
-// Workspace, after the input regions: A_r [B*T, Hv, 64] (fp32 rows, or fp16 ones in the region's
-// first half); Ag [B*T, Hv, 64] and chunk_states
-// [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
-// [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
-// running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless Hv == Hqk without the L2
-// norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
+// Workspace, after the input regions: A_r [B*T, Hv, 64] (fp32 with inverse_fp32, else fp16); Ag
+// [B*T, Hv, 64] and chunk_states [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks,
+// Hv, 128]; chunk_grad_states [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks,
+// Hv, 8]; with group_sums the running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless
+// Hv == Hqk without the L2 norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -71,8 +70,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   BackwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
-  layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 in its first half
-  offset = align_up(offset + tokens_heads * 64 * sizeof(float));
+  layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 (exact: the merges' format)
+  offset = align_up(offset + tokens_heads * 64 * (problem.inverse_fp32 ? sizeof(float) : 2));
   layout.gated_inverse = offset;
   offset = align_up(offset + tokens_heads * 64 * 2);
   layout.chunk_gates = offset;
