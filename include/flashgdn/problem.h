@@ -135,10 +135,11 @@ struct BackwardProblem {
   // (d_final_state, the gradients and initial_state absent); kFinish is the backward from
   // initial_state (the true entering state) and d_final_state (the true gradient leaving the shard),
   // reusing kMaps' workspace (its chunk inverse, segment states, transitions and dS* pass): same
-  // inputs and options, same workspace, untouched in between, same stream.
+  // inputs and options (inverse_fp32 too: kFinish reads kMaps' chunk inverse in the format kMaps
+  // wrote it), same workspace, untouched in between, same stream.
   ShardPhase shard_phase = ShardPhase::kNone;
   TensorRef shard_grad;
-  // The chunk inverse (A_r in fp32, which the gradients differentiate through) merged in split bf16
+  // The chunk inverse (A_r, which the gradients differentiate through, kept in fp32) merged in split bf16
   // (bf16x3), for keys past beta |k|^2 <= 2, as the forward's fp32 inverse; false (the default):
   // merged in fp16 (K K^T held in fp16 too), as the forward's default inverse, which needs
   // beta |k|^2 <= 2 (normalised keys, beta in (0, 2]); keys far past it overflow fp16 and give

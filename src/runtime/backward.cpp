@@ -4,8 +4,9 @@
 // Launch sequence (the pre-pass recomputes what the forward does not keep):
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   [chunk_offsets]    only in varlen mode
-//   chunk_inverse      A_r per (chunk, v-head), fp32 (the backward differentiates through it), and
-//                      for the pre-pass Ag in the input dtype and the chunks' gate records
+//   chunk_inverse      A_r per (chunk, v-head) (the backward differentiates through it: fp16 rows with
+//                      the default fp16 merges, exact; fp32 with inverse_fp32), and for the pre-pass
+//                      Ag in the input dtype and the chunks' gate records
 //   fused_forward      the register-state forward (v4) on Ag, o not written (with d_final_state
 //                      the state update's operand as hi + lo); S^T entering every chunk into
 //                      chunk_states, in the input dtype (with CP: leading windows, then
@@ -29,11 +30,11 @@
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
 // d_final_state and the rest, on kMaps' workspace.
 //
-// Workspace, after the input regions: A_r fp32 [B*T, Hv, 64]; Ag [B*T, Hv, 64] and chunk_states
-// [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks, Hv, 128]; chunk_grad_states
-// [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks, Hv, 8]; with group_sums the
-// running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless Hv == Hqk without the L2
-// norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
+// Workspace, after the input regions: A_r [B*T, Hv, 64] (fp32 with inverse_fp32, else fp16); Ag
+// [B*T, Hv, 64] and chunk_states [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks,
+// Hv, 128]; chunk_grad_states [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks,
+// Hv, 8]; with group_sums the running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless
+// Hv == Hqk without the L2 norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -69,8 +70,8 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   BackwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
-  layout.inverse = offset;
-  offset = align_up(offset + tokens_heads * 64 * sizeof(float));
+  layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 (exact: the merges' format)
+  offset = align_up(offset + tokens_heads * 64 * (problem.inverse_fp32 ? sizeof(float) : 2));
   layout.gated_inverse = offset;
   offset = align_up(offset + tokens_heads * 64 * 2);
   layout.chunk_gates = offset;
@@ -158,6 +159,8 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
     return s;
   p.inverse = ws + layout.inverse;
   p.gated_inverse_out = ws + layout.gated_inverse;
+  // A_r's rows in fp16 where the merges are (the same values, half the gradient pass's A_r bytes)
+  p.inverse_rows_fp16 = !problem.inverse_fp32;
   p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;

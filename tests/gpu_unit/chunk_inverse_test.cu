@@ -1,18 +1,21 @@
 // GPU unit test of the chunk inverse (src/kernels/sm90/chunk_inverse.cuh): A_r = (I + StrictLower(
 // diag(beta) K K^T))^{-1} per (chunk, v-head) against a float64 forward substitution on the host, on
 // 200 tokens (three full chunks and one of 8 rows) and six value heads sharing one key head, with
-// fp32 storage of A_r (split bf16 merges, and fp16 merges) and bf16 storage (fp16 merges), and 1, 4
+// fp32 storage of A_r (split bf16 merges, and fp16 merges), the fp32 inverse's fp16 rows (fp16 merges,
+// ForwardParams::inverse_rows_fp16: as accurate as its fp32 rows) and bf16 storage (fp16 merges), and 1, 4
 // (groups of 4 and 2) and launcher-chosen v-heads per CTA;
 // entries above the diagonal are checked too, and the rows of the last chunk past the 200 tokens (a
 // guard zone after the output) must stay untouched.
 // Exit codes: 0 pass, 1 a mismatch, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/sm90/forward_launch.cuh"
@@ -52,11 +55,12 @@ std::vector<double> host_inverse(const std::vector<__nv_bfloat16>& k, const std:
 
 double to_double(float x) { return x; }
 double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+double to_double(__half x) { return __half2float(x); }
 
-template <kern::InverseKind I>
+// InverseT: the rows' type as written (__half: the fp32 inverse's fp16 rows, inverse_rows_fp16).
+template <kern::InverseKind I, typename InverseT = kern::InverseType<I>>
 bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const __nv_bfloat16* k_dev,
-         const float* beta_dev, const std::vector<double>& want, double tolerance) {
-  using InverseT = kern::InverseType<I>;
+         const float* beta_dev, const std::vector<double>& want, double tolerance, std::vector<double>* values = nullptr) {
   const size_t count = static_cast<size_t>(T) * Hv * C;
   const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
   InverseT* inverse = nullptr;
@@ -74,6 +78,7 @@ bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const 
   p.num_v_heads = Hv;
   p.max_chunks = kChunks;
   p.inverse = inverse;
+  p.inverse_rows_fp16 = std::is_same_v<InverseT, __half>;
   p.inverse_heads_per_cta = heads_per_cta;
   cudaError_t err = kern::launch_chunk_inverse<kern::ElemKind::kBF16, I>(p, merges, nullptr);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
@@ -89,8 +94,10 @@ bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const 
   const bool guard_intact =
       std::all_of(guard, guard + (guarded - count) * sizeof(InverseT), [](unsigned char x) { return x == 0xff; });
   double max_err = 0, max_ref = 0;
+  if (values != nullptr) values->resize(count);
   for (size_t i = 0; i < count; ++i) {
     const double value = to_double(got[i]);
+    if (values != nullptr) (*values)[i] = value;
     max_err = std::isfinite(value) ? std::fmax(max_err, std::fabs(value - want[i])) : INFINITY;
     max_ref = std::fmax(max_ref, std::fabs(want[i]));
   }
@@ -130,12 +137,18 @@ int main() {
   for (const int heads_per_cta : {0, 1, 4}) {  // 0: the launcher's choice
     ok &= run<kern::InverseKind::kF32>("A_r in fp32, bf16x3", kern::InverseMerges::kSplit, heads_per_cta, k_dev,
                                        beta_dev, want, 1e-4);
+    std::vector<double> fp32_rows, fp16_rows;
     ok &= run<kern::InverseKind::kF32>("A_r in fp32, fp16", kern::InverseMerges::kHalf, heads_per_cta, k_dev,
-                                       beta_dev, want, 3e-3);
+                                       beta_dev, want, 3e-3, &fp32_rows);
+    ok &= run<kern::InverseKind::kF32, __half>("A_r in fp16 rows, fp16", kern::InverseMerges::kHalf, heads_per_cta,
+                                               k_dev, beta_dev, want, 3e-3, &fp16_rows);
+    const bool same = fp32_rows == fp16_rows;  // fp16 merges hold X in fp16: its fp16 rows are exact
+    std::printf("fp16 rows equal to the fp32 rows of fp16 merges: %s\n", same ? "ok" : "FAIL");
+    ok &= same;
     ok &= run<kern::InverseKind::kBF16>("A_r in bf16", kern::InverseMerges::kHalf, heads_per_cta, k_dev, beta_dev,
                                         want, 1e-2);
   }
-  {  // split merges are for the fp32 inverse only: refused for bf16 storage
+  {  // split merges are for the fp32 inverse, in fp32 rows, only: refused for bf16 storage and fp16 rows
     kern::ForwardParams p;
     p.max_chunks = 1;
     p.num_v_heads = 1;
@@ -143,6 +156,11 @@ int main() {
         kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kBF16>(p, kern::InverseMerges::kSplit, nullptr);
     std::printf("bf16 storage with split merges: %s\n", err == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
     ok &= err == cudaErrorInvalidValue;
+    p.inverse_rows_fp16 = true;  // fp16 rows of split merges would not be exact
+    const cudaError_t split_fp16 =
+        kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kF32>(p, kern::InverseMerges::kSplit, nullptr);
+    std::printf("fp16 rows with split merges: %s\n", split_fp16 == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
+    ok &= split_fp16 == cudaErrorInvalidValue;
   }
   cudaFree(k_dev);
   cudaFree(beta_dev);

@@ -27,7 +27,8 @@
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
 //   0  wait for the item's two load sets (TMA, thread kIssuer, two mbarriers; a partial chunk's rows
 //      past its end zeroed after): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse),
-//      the gate record; A_r (fp32, registers in the group's [64, 32] layout) -> its bf16 tile
+//      the gate record; A_r (fp32 in registers in the group's [64, 32] layout, read from the chunk
+//      inverse's fp16 rows, or fp32 ones with inverse_fp32) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
@@ -341,11 +342,16 @@ struct BackwardGrads {
       *reinterpret_cast<uint4*>(s.ag + rows * 128 + i * 16) = make_uint4(0, 0, 0, 0);
   }
 
-  // A_r at this thread's [64, 32] accumulator positions of group g (columns 32 g ..), fp32, zero
-  // past the chunk's rows and above the diagonal; element 4 j + e.
+  // A_r at this thread's [64, 32] accumulator positions of group g (columns 32 g ..), zero past the
+  // chunk's rows and above the diagonal; element 4 j + e. Its rows are fp16 where the chunk inverse
+  // merged in fp16 (p.inverse_rows_fp16, the same values in half the bytes), else fp32. The loads are
+  // issued here and left in flight (under stage E's wgmmas): fp16 words are kept raw, one a pair in
+  // element 4 j + e, and unpack_inverse converts them at the first use (converting here waited on each
+  // load in turn: the gradient pass +15..+29%).
   static __device__ __forceinline__ void load_inverse(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h,
                                                       int group, Acc32& a_r) {
-    const float* base = static_cast<const float*>(p.inverse) + ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk;
+    const int64_t first = ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk, row_pitch = p.num_v_heads * kChunk;
+    const bool fp16_rows = p.inverse_rows_fp16;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -353,9 +359,26 @@ struct BackwardGrads {
         const int row = acc_row(e), col = 32 * group + acc_col(j, e);
         float2 x = make_float2(0.f, 0.f);
         if (row < rows && col <= row) {
-          const float* src = base + static_cast<int64_t>(row) * p.num_v_heads * kChunk + col;
-          x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
+          const int64_t at = first + row * row_pitch + col;
+          const float* src = static_cast<const float*>(p.inverse) + at;
+          if (fp16_rows) x.x = __uint_as_float(*reinterpret_cast<const uint32_t*>(static_cast<const __half*>(p.inverse) + at));
+          else x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
         }
+        a_r[4 * j + e] = x.x;
+        a_r[4 * j + e + 1] = x.y;
+      }
+  }
+
+  // load_inverse's fp16 words unpacked in place (a word of zeros is two zeros); the diagonal's right
+  // neighbour (written as zero, not trusted) set to zero.
+  static __device__ __forceinline__ void unpack_inverse(const ForwardParams& p, int group, Acc32& a_r) {
+    if (!p.inverse_rows_fp16) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        float2 x = unpack_pair<__half>(__float_as_uint(a_r[4 * j + e]));
+        if (32 * group + acc_col(j, e) == acc_row(e)) x.y = 0.f;
         a_r[4 * j + e] = x.x;
         a_r[4 * j + e + 1] = x.y;
       }
@@ -501,6 +524,7 @@ struct BackwardGrads {
     // shared memory for the end (stage A forms every other chunk's there)
     const bool from_prepass = warp == 0 && lane < 8 && prepass_dot(bp, it);
     const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
+    unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);

@@ -29,7 +29,8 @@
 //      registers (movmatrix turns its accumulator into the B fragment), so a block row needs one
 //      barrier; X_{kb, j} = 0 above the block diagonal is skipped, never formed.
 // Output: rows of the chunk's valid tokens, 64 values each, at inverse[(b*T + t)*Hv + h][0:64], in
-// 16-byte vectors (entries above the diagonal are written as zeros); with p.gated_inverse (v4's
+// 16-byte vectors (entries above the diagonal are written as zeros; the fp32 inverse with fp16 merges
+// writes fp16 rows where p.inverse_rows_fp16 is set, exact); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
 // p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
 // warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
@@ -219,7 +220,8 @@ struct ChunkInverse {
 
       const int h = heads.first + v;
       if constexpr (std::is_same_v<InverseT, float>) {
-        write_fp32_rows(p, s, b, where, h);
+        if (!kSplitMerges && p.inverse_rows_fp16) write_rows<__half, false>(p.inverse, p, s, b, where, h, v);
+        else write_fp32_rows(p, s, b, where, h);
         if (gated) write_rows<Elem, true>(p.gated_inverse_out, p, s, b, where, h, v);
       } else if (gated) {
         write_rows<Elem, true>(p.inverse, p, s, b, where, h, v);

@@ -41,12 +41,15 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
   return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
 }
 
-// Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them).
+// Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them), written in fp32.
 template <ElemKind E, InverseKind I>
 cudaError_t launch_chunk_inverse(const ForwardParams& p, InverseMerges merges, cudaStream_t stream) {
   if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
   if constexpr (I == InverseKind::kF32) {
-    if (merges == InverseMerges::kSplit) return launch_chunk_inverse_kernel<E, I, true>(p, stream);
+    if (merges == InverseMerges::kSplit) {  // its X is not fp16-exact: fp32 rows only
+      if (p.inverse_rows_fp16) return cudaErrorInvalidValue;
+      return launch_chunk_inverse_kernel<E, I, true>(p, stream);
+    }
   } else {
     if (merges == InverseMerges::kSplit) return cudaErrorInvalidValue;
   }

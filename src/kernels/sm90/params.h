@@ -71,6 +71,9 @@ struct ForwardParams {
   bool exact_state_update = false;
   void* gated_inverse_out = nullptr;  // the fp32 chunk inverse writes Ag there too, in the input dtype
                                       // (the backward: fp32 A_r for itself, Ag for its v4 pre-pass)
+  bool inverse_rows_fp16 = false;     // the fp32 chunk inverse with fp16 merges writes A_r's rows in fp16
+                                      // (exact: its merges hold X in fp16), as the backward's gradient
+                                      // pass reads them; half the bytes of fp32 rows
   int32_t inverse_heads_per_cta = 0;  // chunk inverse: v-heads of one q/k head per CTA, 1-4; 0: its
                                       // launcher chooses (ChunkInverse::heads_per_cta)
   float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
@@ -152,7 +155,8 @@ struct ShardGradScanParams {
   float* d_out = nullptr;                // [N][hv][128][128] fp32, K-major
 };
 
-// The backward reads the forward's inputs and workspace through `fwd` (the inverse in fp32).
+// The backward reads the forward's inputs and workspace through `fwd` (the fp32 inverse, its rows in
+// fp16 with fp16 merges: inverse_rows_fp16).
 struct BackwardParams {
   ForwardParams fwd;
   const void* d_o = nullptr;  // (b, t, hv, 128), dtype of v
