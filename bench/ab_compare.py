@@ -1,7 +1,9 @@
 """The A/B logs of scripts/h200_check.sh side by side: per row of bench/kernel_breakdown.py, the whole
 call and each kernel of the baseline, then of each other library with its change against the baseline
 in percent. Every log holds the rows once a round; a row's last round is taken (the earlier rounds
-are warm-up against the machine's clocks; pass --round 1 for the first).
+are warm-up against the machine's clocks; pass --round 1 for the first). Under each row, every
+library's whole-call change in each round against the baseline's same round: the machine's drift
+shows there (session 28: one round equal within 0.5%, the next +1.5..+3.5% with every kernel equal).
 
     python3 bench/ab_compare.py ab_baseline.log ab_candidate.log [ab_variant.log] [--round N]
 
@@ -65,8 +67,16 @@ def compare(logs: list[tuple[str, list[dict[str, dict[str, float]]]]], round_ind
                 else:
                     cells += f"{got:12.1f}{'':8s}"
             out.append(cells)
+        for label, rounds in logs[1:]:
+            changes = [_change(b.get(spec, {}).get("whole call"), r.get(spec, {}).get("whole call"))
+                       for b, r in zip(logs[0][1], rounds)]
+            out.append(f"  {label} whole call by round: " + ", ".join(changes))
         out.append("")
     return "\n".join(out)
+
+
+def _change(ref: float | None, got: float | None) -> str:
+    return f"{100 * (got / ref - 1):+.1f}%" if ref and got is not None else "-"
 
 
 def main(argv: list[str] | None = None) -> int:

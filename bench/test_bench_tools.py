@@ -353,10 +353,39 @@ class AbCompare(unittest.TestCase):
         self.assertIn("-10.0%", lines["backward_grads_kernel"])  # 369 against 410
         self.assertTrue(lines["chunk_inverse_kernel"].rstrip().endswith("-"))  # absent in the candidate
         self.assertIn("+0.0%", blocks["1x8192:2:4:bwd"].splitlines()[-1])  # backward_ds_pass_kernel
+        self.assertIn("candidate whole call by round: -8.7%", blocks["8x1024:16:32:bwd"])  # round 2 absent
+        self.assertIn("candidate whole call by round: +0.0%", blocks["1x8192:2:4:bwd"])
         first = ab_compare.compare([("baseline", base), ("candidate", cand)], round_index=0)
         self.assertIn("-8.7%", first)  # 639 against round 1's 700
         with self.assertRaises(ValueError):
             ab_compare.compare([("baseline", base), ("empty", ab_compare.parse("no rows"))])
+
+
+class TableCompare(unittest.TestCase):
+    def write(self, folder, name, times):
+        path = pathlib.Path(folder) / name
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["direction", "model", "seqlens", "lengths", "h_qk", "h_v", "flashgdn_ms"])
+            for (direction, lengths), t in times.items():
+                w.writerow([direction, "m", "s", lengths, 16, 32, t])
+        return path
+
+    def test_ratios_and_counts(self):
+        import table_compare
+        with tempfile.TemporaryDirectory() as d:
+            base = self.write(d, "base.csv", {("fwd", "8192"): 1.0, ("fwd", "4096"): 0.5, ("bwd", "8192"): 2.0,
+                                              ("bwd", "2048"): 1.0})
+            new = self.write(d, "new.csv", {("fwd", "8192"): 0.9, ("fwd", "4096"): 0.5, ("bwd", "8192"): 2.2})
+            text = table_compare.compare(table_compare.load(base), table_compare.load(new), rows=True)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(table_compare.main([str(base), str(new)]), 0)
+        lines = text.splitlines()
+        self.assertTrue(lines[0].startswith("fwd: 2 rows, new / base time geomean 0.949x, 1 faster and 0 slower"))
+        self.assertIn("m s 8192 16 32: 0.900", lines[1])  # past the 2% threshold, listed
+        self.assertTrue(lines[2].startswith("bwd: 1 rows, new / base time geomean 1.100x, 0 faster and 1 slower"))
+        self.assertIn("new.csv against base.csv", out.getvalue())
 
 
 class Printing(unittest.TestCase):
