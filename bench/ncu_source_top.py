@@ -1,7 +1,10 @@
 """The SASS instructions of a profiled kernel where its warps stall most, from the source page of an
 ncu report (`ncu --import R --page source --csv --print-source sass`): each line's share of the
 warp-state samples, its opcode, and the totals per opcode, so a profile shows which waits
-(mbarrier SYNCS, CTA BAR, wgmma WARPGROUP waits, loads) hold a kernel's chain.
+(mbarrier SYNCS, CTA BAR, wgmma WARPGROUP waits, loads) hold a kernel's chain. Where the page has the
+executed-instruction column, the instruction mix too (warp-level instructions per opcode and the lines
+executed most): what an issue-bound kernel spends its slots on. Opcodes are counted without their
+predicate (@P0 BRA and @!P1 BRA are both BRA).
 
     python bench/ncu_source_top.py SOURCE.csv [--top 25]
 """
@@ -20,6 +23,22 @@ def sample_column(header: list[str]) -> int:
         if "Warp Stall Sampling" in name and "Not" not in name:
             return i
     raise SystemExit(f"no warp-stall sampling column in {header}")
+
+
+def executed_column(header: list[str]) -> int | None:
+    """Index of the warp-level executed-instructions column, if the page has it."""
+    for i, name in enumerate(header):
+        if name.strip() == "Instructions Executed":
+            return i
+    return None
+
+
+def opcode(source: str) -> str:
+    """The instruction's opcode without its predicate ("@!P0 BRA 0x10" -> "BRA")."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else "?"
 
 
 def number(text: str) -> float:
@@ -45,14 +64,28 @@ def main(argv=None) -> int:
     total = sum(s for s, _, _ in lines) or 1.0
     per_opcode = collections.Counter()
     for samples, _, source in lines:
-        per_opcode[source.split()[0] if source else "?"] += samples
+        per_opcode[opcode(source)] += samples
     print(f"{len(lines)} SASS lines, {total:.0f} warp-state samples")
     print("top lines:")
     for samples, address, source in sorted(lines, reverse=True)[:args.top]:
         print(f"  {100 * samples / total:5.1f}%  {address:>8}  {source[:90]}")
     print("per opcode:")
-    for opcode, samples in per_opcode.most_common(12):
-        print(f"  {100 * samples / total:5.1f}%  {opcode}")
+    for name, samples in per_opcode.most_common(12):
+        print(f"  {100 * samples / total:5.1f}%  {name}")
+    executed_at = executed_column(header)
+    if executed_at is not None:
+        executed = [(number(r[executed_at]), r[address_at], r[source_at].strip()) for r in body if len(r) > executed_at]
+        count = sum(n for n, _, _ in executed) or 1.0
+        mix = collections.Counter()
+        for n, _, source in executed:
+            mix[opcode(source)] += n
+        print(f"instructions executed (warp level): {count:.0f}")
+        print("per opcode, executed:")
+        for name, n in mix.most_common(15):
+            print(f"  {100 * n / count:5.1f}%  {n:12.0f}  {name}")
+        print("lines executed most:")
+        for n, address, source in sorted(executed, reverse=True)[:args.top // 2]:
+            print(f"  {100 * n / count:5.1f}%  {address:>8}  {source[:90]}")
     return 0
 
 

@@ -329,6 +329,26 @@ class NcuSourceTop(unittest.TestCase):
         self.assertIn(" 60.0%      0x10  SYNCS.PHASECHK", text)
         self.assertNotIn("BAR.SYNC.DEFER_BLOCKING 0x0", text.split("per opcode:")[0])  # not in the top 2
         self.assertIn(" 10.0%  BAR.SYNC.DEFER_BLOCKING", text)
+        self.assertNotIn("instructions executed", text)  # no such column on this page
+
+    def test_predicates_and_instruction_mix(self):
+        import ncu_source_top
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "source.csv"
+            path.write_text('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n'
+                            '"0x10","@!P0 BRA 0x40 ;","500","100"\n'
+                            '"0x20","@P1 BRA 0x10 ;","100","300"\n'
+                            '"0x30","FFMA R1, R2, R3, R1 ;","400","600"\n')
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(ncu_source_top.main([str(path), "--top", "4"]), 0)
+        text = out.getvalue()
+        self.assertIn(" 60.0%  BRA", text.split("per opcode:")[1])  # both predicated branches, 600 of 1000
+        self.assertIn("instructions executed (warp level): 1000", text)
+        executed = text.split("per opcode, executed:")[1]
+        self.assertIn(" 60.0%           600  FFMA", executed)
+        self.assertIn(" 40.0%           400  BRA", executed)
+        self.assertIn(" 60.0%      0x30  FFMA", text.split("lines executed most:")[1])
 
 
 class AbCompare(unittest.TestCase):

@@ -95,8 +95,9 @@ profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config 
     # where the warps wait, per SASS instruction (the source page's warp-state samples)
     ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${name}_source.csv" 2>&1
     python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 >"$OUT/ncu_${name}_stalls.txt" 2>&1
-    head -40 "$OUT/ncu_${name}_stalls.txt"
-    rm -f "$OUT/$name.ncu-rep" "$OUT/ncu_${name}_source.csv"
+    head -70 "$OUT/ncu_${name}_stalls.txt"
+    gzip -f "$OUT/ncu_${name}_source.csv"  # kept (per-line samples and executed counts) for a later read
+    rm -f "$OUT/$name.ncu-rep"
   done
 }
 
