@@ -48,6 +48,26 @@ def number(text: str) -> float:
         return 0.0
 
 
+def column_lines(body: list[list[str]], at: int, address_at: int, source_at: int) -> list[tuple[float, str, str]]:
+    """(value in column `at`, address, source) of every SASS line."""
+    return [(number(r[at]), r[address_at], r[source_at].strip()) for r in body if len(r) > at]
+
+
+def shares(lines: list[tuple[float, str, str]], lines_title: str, opcodes_title: str, top_lines: int,
+           top_opcodes: int, counts: bool = False) -> None:
+    """The lines with the largest values and the totals per opcode, each as a share of the sum."""
+    total = sum(n for n, _, _ in lines) or 1.0
+    per_opcode = collections.Counter()
+    for n, _, source in lines:
+        per_opcode[opcode(source)] += n
+    print(lines_title)
+    for n, address, source in sorted(lines, reverse=True)[:top_lines]:
+        print(f"  {100 * n / total:5.1f}%  {address:>8}  {source[:90]}")
+    print(opcodes_title)
+    for name, n in per_opcode.most_common(top_opcodes):
+        print(f"  {100 * n / total:5.1f}%  " + (f"{n:12.0f}  " if counts else "") + name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv")
@@ -60,32 +80,14 @@ def main(argv=None) -> int:
     samples_at = sample_column(header)
     source_at = header.index("Source") if "Source" in header else len(header) - 1
     address_at = header.index("Address") if "Address" in header else 0
-    lines = [(number(r[samples_at]), r[address_at], r[source_at].strip()) for r in body if len(r) > samples_at]
-    total = sum(s for s, _, _ in lines) or 1.0
-    per_opcode = collections.Counter()
-    for samples, _, source in lines:
-        per_opcode[opcode(source)] += samples
-    print(f"{len(lines)} SASS lines, {total:.0f} warp-state samples")
-    print("top lines:")
-    for samples, address, source in sorted(lines, reverse=True)[:args.top]:
-        print(f"  {100 * samples / total:5.1f}%  {address:>8}  {source[:90]}")
-    print("per opcode:")
-    for name, samples in per_opcode.most_common(12):
-        print(f"  {100 * samples / total:5.1f}%  {name}")
+    samples = column_lines(body, samples_at, address_at, source_at)
+    print(f"{len(samples)} SASS lines, {sum(n for n, _, _ in samples):.0f} warp-state samples")
+    shares(samples, "top lines:", "per opcode:", args.top, 12)
     executed_at = executed_column(header)
     if executed_at is not None:
-        executed = [(number(r[executed_at]), r[address_at], r[source_at].strip()) for r in body if len(r) > executed_at]
-        count = sum(n for n, _, _ in executed) or 1.0
-        mix = collections.Counter()
-        for n, _, source in executed:
-            mix[opcode(source)] += n
-        print(f"instructions executed (warp level): {count:.0f}")
-        print("per opcode, executed:")
-        for name, n in mix.most_common(15):
-            print(f"  {100 * n / count:5.1f}%  {n:12.0f}  {name}")
-        print("lines executed most:")
-        for n, address, source in sorted(executed, reverse=True)[:args.top // 2]:
-            print(f"  {100 * n / count:5.1f}%  {address:>8}  {source[:90]}")
+        executed = column_lines(body, executed_at, address_at, source_at)
+        print(f"instructions executed (warp level): {sum(n for n, _, _ in executed):.0f}")
+        shares(executed, "lines executed most:", "per opcode, executed:", args.top // 2, 15, counts=True)
     return 0
 
 

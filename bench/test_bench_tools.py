@@ -312,19 +312,24 @@ class Summary(unittest.TestCase):
 
 
 class NcuSourceTop(unittest.TestCase):
-    def test_top_lines_and_opcodes(self):
+    @staticmethod
+    def report(page: str, top: int) -> str:
+        """ncu_source_top's output for a source page's text."""
         import ncu_source_top
         with tempfile.TemporaryDirectory() as d:
             path = pathlib.Path(d) / "source.csv"
-            path.write_text('==PROF== a preamble line\n'
-                            '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"\n'
-                            '"0x10","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+0x8], R2 ;","600","590"\n'
-                            '"0x20","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;","300","10"\n'
-                            '"0x30","BAR.SYNC.DEFER_BLOCKING 0x0 ;","1,00","0"\n')
+            path.write_text(page)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                self.assertEqual(ncu_source_top.main([str(path), "--top", "2"]), 0)
-        text = out.getvalue()
+                assert ncu_source_top.main([str(path), "--top", str(top)]) == 0
+        return out.getvalue()
+
+    def test_top_lines_and_opcodes(self):
+        text = self.report('==PROF== a preamble line\n'
+                           '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"\n'
+                           '"0x10","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+0x8], R2 ;","600","590"\n'
+                           '"0x20","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;","300","10"\n'
+                           '"0x30","BAR.SYNC.DEFER_BLOCKING 0x0 ;","1,00","0"\n', top=2)
         self.assertIn("3 SASS lines, 1000 warp-state samples", text)
         self.assertIn(" 60.0%      0x10  SYNCS.PHASECHK", text)
         self.assertNotIn("BAR.SYNC.DEFER_BLOCKING 0x0", text.split("per opcode:")[0])  # not in the top 2
@@ -332,17 +337,10 @@ class NcuSourceTop(unittest.TestCase):
         self.assertNotIn("instructions executed", text)  # no such column on this page
 
     def test_predicates_and_instruction_mix(self):
-        import ncu_source_top
-        with tempfile.TemporaryDirectory() as d:
-            path = pathlib.Path(d) / "source.csv"
-            path.write_text('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n'
-                            '"0x10","@!P0 BRA 0x40 ;","500","100"\n'
-                            '"0x20","@P1 BRA 0x10 ;","100","300"\n'
-                            '"0x30","FFMA R1, R2, R3, R1 ;","400","600"\n')
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                self.assertEqual(ncu_source_top.main([str(path), "--top", "4"]), 0)
-        text = out.getvalue()
+        text = self.report('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n'
+                           '"0x10","@!P0 BRA 0x40 ;","500","100"\n'
+                           '"0x20","@P1 BRA 0x10 ;","100","300"\n'
+                           '"0x30","FFMA R1, R2, R3, R1 ;","400","600"\n', top=4)
         self.assertIn(" 60.0%  BRA", text.split("per opcode:")[1])  # both predicated branches, 600 of 1000
         self.assertIn("instructions executed (warp level): 1000", text)
         executed = text.split("per opcode, executed:")[1]
