@@ -526,6 +526,8 @@ struct BackwardGrads {
     const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
+    // the next item's lookup (stage C, on the issuer's path into stage D) from L1
+    if (threadIdx.x == kIssuer) prefetch_chunk_lookup(p, it.seq);
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
