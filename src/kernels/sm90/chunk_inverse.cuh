@@ -4,7 +4,7 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where the grid would have under 2 CTAs a SM: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (34 KiB with fp16 merges, 43 KiB with split ones; 5 CTAs per SM by registers with the bf16
+// Shared memory (34 KiB with fp16 merges, 43 KiB with split ones; 6 CTAs per SM by registers with the bf16
 // inverse, 4 with the fp32 one): K
 // tile [64][136] bf16 (padded rows), sharing its bytes with X = A_r, one fp16 tile [64][72] (warp_mma.cuh
 // HalfTile) for fp16 merges, kept split for bf16x3 merges (SplitTile: bf16 hi + lo [64][72] each; the
@@ -278,11 +278,14 @@ struct ChunkInverse {
                                                     int64_t b, const ChunkLocation& where, int h, int v) {
     static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
     constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
-    Out* out = static_cast<Out*>(dst) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
-    // The thread's first vector, opaque to the compiler: its addresses are recomputed per head instead
-    // of being hoisted out of the head loop (live through it, they spill at 48 registers).
+    // The batch entry and the thread's first vector, opaque to the compiler: the addresses are
+    // recomputed per head instead of being hoisted out of the head loop (live through it, they spill:
+    // the vector's at 48 registers, the rows' base at 40).
+    int64_t batch = b;
     int first = threadIdx.x;
-    asm volatile("" : "+r"(first));
+    asm volatile("" : "+l"(batch), "+r"(first));
+    const int64_t first_row = batch * p.seqlen + where.first_token;
+    Out* out = static_cast<Out*>(dst) + (first_row * p.num_v_heads + h) * kChunk;
     for (int e = first; e < 16 * 16 * kBlockVecs; e += kThreads) {
       const int block = e / (16 * kBlockVecs), i = e % (16 * kBlockVecs);
       const int block_row = block / 4, block_col = block % 4;
@@ -328,10 +331,10 @@ struct ChunkInverse {
   }
 };
 
-// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there (with either merges)
+// 6 CTAs per SM (40 registers) with the bf16 inverse; the fp32 one spills at 48 (with either merges)
 // and runs 4.
 template <typename Elem, typename InverseT, bool kSplitMerges>
-__global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
+__global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 6)
     chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
