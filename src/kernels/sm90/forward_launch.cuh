@@ -17,11 +17,11 @@
 
 namespace flashgdn::kern {
 
-template <ElemKind E, InverseKind I, bool kSplitMerges>
-cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
+template <ElemKind E, InverseKind I, bool kSplitMerges, int kCtasPerSm>
+cudaError_t launch_chunk_inverse_grid(const ForwardParams& grouped, cudaStream_t stream) {
   using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges>;
+  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges, kCtasPerSm>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
@@ -30,6 +30,16 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
     return err;
+  const dim3 grid(static_cast<unsigned>(grouped.max_chunks),
+                  grouped.num_qk_heads * Kernel::groups_per_qk_head(grouped));
+  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
+}
+
+// The v-heads a CTA (p.inverse_heads_per_cta, or the launcher's choice), then the kernel built for as
+// many CTAs a SM as suit them (chunk_inverse_ctas_per_sm).
+template <ElemKind E, InverseKind I, bool kSplitMerges>
+cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
+  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
   int device = 0, sms = 0;
   if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
@@ -37,8 +47,10 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
   if (p.inverse_heads_per_cta <= 0) grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, 2 * static_cast<int64_t>(sms));
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(grouped));
-  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
+  using InverseT = InverseType<I>;
+  if (chunk_inverse_ctas_per_sm<InverseT>(grouped.inverse_heads_per_cta) == 6)
+    return launch_chunk_inverse_grid<E, I, kSplitMerges, chunk_inverse_ctas_per_sm<InverseT>(1)>(grouped, stream);
+  return launch_chunk_inverse_grid<E, I, kSplitMerges, chunk_inverse_ctas_per_sm<InverseT>(2)>(grouped, stream);
 }
 
 // Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them), written in fp32.
