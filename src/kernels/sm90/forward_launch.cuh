@@ -47,10 +47,10 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
   if (p.inverse_heads_per_cta <= 0) grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, 2 * static_cast<int64_t>(sms));
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
-  using InverseT = InverseType<I>;
-  if (chunk_inverse_ctas_per_sm<InverseT>(grouped.inverse_heads_per_cta) == 6)
-    return launch_chunk_inverse_grid<E, I, kSplitMerges, chunk_inverse_ctas_per_sm<InverseT>(1)>(grouped, stream);
-  return launch_chunk_inverse_grid<E, I, kSplitMerges, chunk_inverse_ctas_per_sm<InverseT>(2)>(grouped, stream);
+  constexpr int one_head = chunk_inverse_ctas_per_sm<InverseType<I>>(1);
+  constexpr int more_heads = chunk_inverse_ctas_per_sm<InverseType<I>>(2);
+  if (grouped.inverse_heads_per_cta == 1) return launch_chunk_inverse_grid<E, I, kSplitMerges, one_head>(grouped, stream);
+  return launch_chunk_inverse_grid<E, I, kSplitMerges, more_heads>(grouped, stream);
 }
 
 // Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them), written in fp32.
