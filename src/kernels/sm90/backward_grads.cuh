@@ -715,13 +715,15 @@ struct BackwardGrads {
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
+      // the next item first: its lookup reads the lines prefetched at the top, which wait_bulk's
+      // L1 invalidation (CCTL.IVALL) would drop
+      Item next = find_item(bp, next_index(bp, it.index), it);
+      next.ordinal = it.ordinal + 1;
+      s.next = next;
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
       }
-      Item next = find_item(bp, next_index(bp, it.index), it);
-      next.ordinal = it.ordinal + 1;
-      s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
     }
 
