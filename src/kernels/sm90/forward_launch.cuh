@@ -2,6 +2,7 @@
 // src/kernels/sm90/instantiations/.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/sm90/chunk_inverse.cuh"
@@ -49,7 +50,8 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
     return cudaErrorInvalidValue;
   constexpr int one_head = chunk_inverse_ctas_per_sm<InverseType<I>>(1);
   constexpr int more_heads = chunk_inverse_ctas_per_sm<InverseType<I>>(2);
-  if (grouped.inverse_heads_per_cta == 1) return launch_chunk_inverse_grid<E, I, kSplitMerges, one_head>(grouped, stream);
+  const int heads = std::min(grouped.inverse_heads_per_cta, p.num_v_heads / p.num_qk_heads);  // a CTA's, at most
+  if (heads == 1) return launch_chunk_inverse_grid<E, I, kSplitMerges, one_head>(grouped, stream);
   return launch_chunk_inverse_grid<E, I, kSplitMerges, more_heads>(grouped, stream);
 }
 
