@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from summarize import torch_free_bench  # noqa: E402
+
+torch_free_bench()
+from flashgdn.bench.summary import geomean  # noqa: E402
 
 KEY = ("direction", "model", "seqlens", "lengths", "h_qk", "h_v")
 
@@ -36,10 +41,9 @@ def compare(base: dict[tuple, float], new: dict[tuple, float], threshold: float 
     out = []
     for direction, ratios in by_direction.items():
         values = [r for _, r in ratios]
-        geomean = math.exp(sum(map(math.log, values)) / len(values))
         faster = sum(r < 1 - threshold for r in values)
         slower = sum(r > 1 + threshold for r in values)
-        out.append(f"{direction}: {len(values)} rows, new / base time geomean {geomean:.3f}x, "
+        out.append(f"{direction}: {len(values)} rows, new / base time geomean {geomean(values):.3f}x, "
                    f"{faster} faster and {slower} slower by more than {100 * threshold:g}%, "
                    f"range {min(values):.3f} .. {max(values):.3f}")
         if rows:

@@ -360,9 +360,12 @@ struct BackwardGrads {
         float2 x = make_float2(0.f, 0.f);
         if (row < rows && col <= row) {
           const int64_t at = first + row * row_pitch + col;
-          const float* src = static_cast<const float*>(p.inverse) + at;
-          if (fp16_rows) x.x = __uint_as_float(*reinterpret_cast<const uint32_t*>(static_cast<const __half*>(p.inverse) + at));
-          else x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
+          if (fp16_rows) {  // the pair's word, raw
+            x.x = __uint_as_float(*reinterpret_cast<const uint32_t*>(static_cast<const __half*>(p.inverse) + at));
+          } else {
+            const float* src = static_cast<const float*>(p.inverse) + at;
+            x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
+          }
         }
         a_r[4 * j + e] = x.x;
         a_r[4 * j + e + 1] = x.y;
