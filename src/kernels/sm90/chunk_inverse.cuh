@@ -278,12 +278,14 @@ struct ChunkInverse {
                                                     int64_t b, const ChunkLocation& where, int h, int v) {
     static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
     constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
-    // The batch entry and the thread's first vector, opaque to the compiler: the addresses are
-    // recomputed per head instead of being hoisted out of the head loop (live through it, they spill:
-    // the vector's at 48 registers, the rows' base at 40).
+    // The thread's first vector, and with the 16-bit inverse (40 registers) the batch entry too, opaque
+    // to the compiler: the addresses are recomputed per head instead of being hoisted out of the head
+    // loop (live through it, they spill: the vector's at 48 registers, the rows' base at 40). The fp32
+    // inverse's build (64 registers) keeps the rows' base: opaque, its backward kernel measured +1%.
     int64_t batch = b;
     int first = threadIdx.x;
-    asm volatile("" : "+l"(batch), "+r"(first));
+    asm volatile("" : "+r"(first));
+    if constexpr (!std::is_same_v<InverseT, float>) asm volatile("" : "+l"(batch));
     const int64_t first_row = batch * p.seqlen + where.first_token;
     Out* out = static_cast<Out*>(dst) + (first_row * p.num_v_heads + h) * kChunk;
     for (int e = first; e < 16 * 16 * kBlockVecs; e += kThreads) {
