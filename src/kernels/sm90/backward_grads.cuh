@@ -529,6 +529,8 @@ struct BackwardGrads {
     const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
+    // the next item's lookup (stage C, on the issuer's path into stage D) from L1
+    if (threadIdx.x == kIssuer) prefetch_chunk_lookup(p, it.seq);
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
@@ -716,13 +718,15 @@ struct BackwardGrads {
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
+      // the next item first: its lookup reads the lines prefetched at the top, which wait_bulk's
+      // L1 invalidation (CCTL.IVALL) would drop
+      Item next = find_item(bp, next_index(bp, it.index), it);
+      next.ordinal = it.ordinal + 1;
+      s.next = next;
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
       }
-      Item next = find_item(bp, next_index(bp, it.index), it);
-      next.ordinal = it.ordinal + 1;
-      s.next = next;
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
     }
 

@@ -4,8 +4,8 @@
 // per chunk and group of up to 4 v-heads sharing a q/k head (GQA), so K's load and K K^T are done
 // once for them (fewer where the grid would have under 2 CTAs a SM: heads_per_cta).
 // No gates anywhere (DESIGN §1, gate extraction: the fused kernel re-applies G elementwise).
-// Shared memory (34 KiB with fp16 merges, 43 KiB with split ones; 5 CTAs per SM by registers with the bf16
-// inverse, 4 with the fp32 one): K
+// Shared memory (34 KiB with fp16 merges, 43 KiB with split ones; 6 or 5 CTAs per SM by registers with the
+// 16-bit inverse (chunk_inverse_ctas_per_sm), 4 with the fp32 one): K
 // tile [64][136] bf16 (padded rows), sharing its bytes with X = A_r, one fp16 tile [64][72] (warp_mma.cuh
 // HalfTile) for fp16 merges, kept split for bf16x3 merges (SplitTile: bf16 hi + lo [64][72] each; the
 // fp32 inverse with kSplitMerges, launch.h's InverseMerges); K is dead once K K^T is formed; StrictLower(K K^T) the same way, its diagonal
@@ -278,11 +278,16 @@ struct ChunkInverse {
                                                     int64_t b, const ChunkLocation& where, int h, int v) {
     static_assert(sizeof(Out) == 2, "bf16 / fp16 rows (write_fp32_rows: fp32)");
     constexpr int kVecElems = 8, kBlockVecs = 2;  // per 16-byte vector; per row of a block
-    Out* out = static_cast<Out*>(dst) + ((b * p.seqlen + where.first_token) * p.num_v_heads + h) * kChunk;
-    // The thread's first vector, opaque to the compiler: its addresses are recomputed per head instead
-    // of being hoisted out of the head loop (live through it, they spill at 48 registers).
+    // The thread's first vector, and with the 16-bit inverse (40 registers) the batch entry too, opaque
+    // to the compiler: the addresses are recomputed per head instead of being hoisted out of the head
+    // loop (live through it, they spill: the vector's at 48 registers, the rows' base at 40). The fp32
+    // inverse's build (64 registers) keeps the rows' base: opaque, its backward kernel measured +1%.
+    int64_t batch = b;
     int first = threadIdx.x;
     asm volatile("" : "+r"(first));
+    if constexpr (!std::is_same_v<InverseT, float>) asm volatile("" : "+l"(batch));
+    const int64_t first_row = batch * p.seqlen + where.first_token;
+    Out* out = static_cast<Out*>(dst) + (first_row * p.num_v_heads + h) * kChunk;
     for (int e = first; e < 16 * 16 * kBlockVecs; e += kThreads) {
       const int block = e / (16 * kBlockVecs), i = e % (16 * kBlockVecs);
       const int block_row = block / 4, block_col = block % 4;
@@ -328,11 +333,19 @@ struct ChunkInverse {
   }
 };
 
-// 5 CTAs per SM (48 registers) with the bf16 inverse; the fp32 one spills there (with either merges)
-// and runs 4.
-template <typename Elem, typename InverseT, bool kSplitMerges>
-__global__ void __launch_bounds__(256, std::is_same_v<InverseT, float> ? 4 : 5)
-    chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
+// CTAs per SM (launch bounds): the fp32 inverse 4 (it spills at 48 registers, with either merges); the
+// 16-bit one 6 (40 registers) where a CTA takes one v-head, else 5 (48). Measured on the H200 (session
+// 28, 6 against 5): one head a CTA -3.8% at 1x32768 (16,16) and -2.8% at 1x8192 (16,16); four heads a
+// CTA +5..+9% at 1x32768 (2,8) (a longer CTA, 1024 of them: the last wave's tail grows).
+template <typename InverseT>
+constexpr int chunk_inverse_ctas_per_sm(int heads_per_cta) {
+  return std::is_same_v<InverseT, float> ? 4 : heads_per_cta == 1 ? 6 : 5;
+}
+// six CTAs' shared memory (and the driver's 1 KiB each) within a SM's 228 KiB
+static_assert(6 * (sizeof(ChunkInverse<__nv_bfloat16, __nv_bfloat16, false>::SharedStorage) + 1024) <= 228 * 1024);
+
+template <typename Elem, typename InverseT, bool kSplitMerges, int kCtasPerSm>
+__global__ void __launch_bounds__(256, kCtasPerSm) chunk_inverse_kernel(const __grid_constant__ ForwardParams p) {
   wait_for_previous_grid();
   release_next_grid();
   ChunkInverse<Elem, InverseT, kSplitMerges>::run(p);

@@ -2,6 +2,7 @@
 // src/kernels/sm90/instantiations/.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/sm90/chunk_inverse.cuh"
@@ -17,11 +18,11 @@
 
 namespace flashgdn::kern {
 
-template <ElemKind E, InverseKind I, bool kSplitMerges>
-cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
+template <ElemKind E, InverseKind I, bool kSplitMerges, int kCtasPerSm>
+cudaError_t launch_chunk_inverse_grid(const ForwardParams& grouped, cudaStream_t stream) {
   using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges>;
+  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges, kCtasPerSm>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
@@ -30,6 +31,16 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
     return err;
+  const dim3 grid(static_cast<unsigned>(grouped.max_chunks),
+                  grouped.num_qk_heads * Kernel::groups_per_qk_head(grouped));
+  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
+}
+
+// The v-heads a CTA (p.inverse_heads_per_cta, or the launcher's choice), then the kernel built for as
+// many CTAs a SM as suit them (chunk_inverse_ctas_per_sm).
+template <ElemKind E, InverseKind I, bool kSplitMerges>
+cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
+  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
   int device = 0, sms = 0;
   if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
@@ -37,8 +48,11 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
   if (p.inverse_heads_per_cta <= 0) grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, 2 * static_cast<int64_t>(sms));
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(p.max_chunks), p.num_qk_heads * Kernel::groups_per_qk_head(grouped));
-  return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
+  constexpr int one_head = chunk_inverse_ctas_per_sm<InverseType<I>>(1);
+  constexpr int more_heads = chunk_inverse_ctas_per_sm<InverseType<I>>(2);
+  const int heads = std::min(grouped.inverse_heads_per_cta, p.num_v_heads / p.num_qk_heads);  // a CTA's, at most
+  if (heads == 1) return launch_chunk_inverse_grid<E, I, kSplitMerges, one_head>(grouped, stream);
+  return launch_chunk_inverse_grid<E, I, kSplitMerges, more_heads>(grouped, stream);
 }
 
 // Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them), written in fp32.

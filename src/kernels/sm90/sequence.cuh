@@ -47,6 +47,18 @@ __device__ __forceinline__ void set_chunk_location(const ForwardParams& p, int64
   where.rows = static_cast<int>(left < kChunk ? left : kChunk);
 }
 
+// Into L1 ahead of a locate_chunk_after(p, later chunk, seq) (varlen): the lines of the entries it reads,
+// chunk_offsets[num_seqs], chunk_offsets[seq + 1 ..] and cu_seqlens[seq ..], so that its dependent
+// loads hit L1 (no registers held: prefetches have no result).
+__device__ __forceinline__ void prefetch_chunk_lookup(const ForwardParams& p, int64_t seq) {
+  if (p.cu_seqlens == nullptr) return;
+  const auto prefetch = [](const void* at) { asm volatile("prefetch.global.L1 [%0];" ::"l"(at)); };
+  prefetch(p.chunk_offsets + p.num_seqs);
+  prefetch(p.chunk_offsets + seq + 1);
+  prefetch(p.cu_seqlens_is_i64 ? static_cast<const void*>(static_cast<const int64_t*>(p.cu_seqlens) + seq)
+                               : static_cast<const void*>(static_cast<const int32_t*>(p.cu_seqlens) + seq));
+}
+
 // Global chunk id -> (sequence, chunk); false when the id is past the last chunk (the launch grid
 // is an upper bound when the host has no copy of cu_seqlens).
 __device__ __forceinline__ bool locate_chunk(const ForwardParams& p, int64_t chunk_id,
