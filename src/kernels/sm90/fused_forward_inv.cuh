@@ -23,7 +23,8 @@
 //           the gate tables 2^gcum, beta 2^-gcum, 2^(gamma - gcum)      -> decay, w_scale, rho
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
-//           folded chunk (folds_gates: -gamma <= 64 in log2 units, bf16): X in bf16 -> slot.ag
+//             (a folded chunk, folds_gates: -gamma <= 64 in log2 units, bf16: X in bf16 -> slot.ag too,
+//             written by the inverse's stages; the tiles' blocks above the diagonal zeroed at the start)
 //           ready[c % 2]
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
 //         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready and
@@ -182,6 +183,12 @@ struct FusedForwardInv {
     }
     if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
       for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {  // the folded chunks' X tiles: zero above the
+      for (int i = threadIdx.x % 128; i < 2 * Tiles::kSquareTileBytes / 16; i += 128)  // diagonal blocks
+        reinterpret_cast<uint4*>(s.slot[i / (Tiles::kSquareTileBytes / 16)].ag)[i % (Tiles::kSquareTileBytes / 16)] =
+            make_uint4(0, 0, 0, 0);
+      wg::fence_shared_to_async();
+    }
     Aux::group_sync(Aux::kAuxBarrier);
 
     constexpr uint32_t kGateBytes = kChunk * sizeof(float);
@@ -237,12 +244,12 @@ struct FusedForwardInv {
         Inverse::store_l(s.inverse, kk, s.beta[stage]);
       }
       timeline_mark(p, 0, c, 4);
-      Inverse::invert(s.inverse, s.x[buf], Aux::kAuxBarrier, [&](int step) { timeline_mark(p, 0, c, 8 + step); });
+      // a folded chunk's X also in bf16 into slot.ag, for the state groups' Vd wgmma
+      const bool folds = folds_gates(s.gcum[stage]);
+      Inverse::invert(s.inverse, s.x[buf], folds ? s.slot[buf].ag : nullptr, Aux::kAuxBarrier,
+                      [&](int step) { timeline_mark(p, 0, c, 8 + step); });
       timeline_mark(p, 0, c, 5);
-      if (folds_gates(s.gcum[stage])) {  // X in bf16 for the state groups' Vd wgmma (slot.ag)
-        store_x_tile(s.slot[buf].ag, s.x[buf]);
-        wg::fence_shared_to_async();
-      }  // else X is read by ldmatrix (no proxy fence)
+      if (folds) wg::fence_shared_to_async();  // else X is read by ldmatrix (no proxy fence)
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
       if (c + 1 < num_chunks) {
@@ -256,25 +263,6 @@ struct FusedForwardInv {
       __syncwarp();
     }
     timeline_mark(p, 0, 0, 11);
-  }
-
-  // Aux warp w: X's band w (rows 16 w ..) as bf16, the upper triangle zero (X's blocks above the
-  // block diagonal are never formed), into the slot's Ag tile (K-major, as store_ag_half lays it out).
-  static __device__ __forceinline__ void store_x_tile(unsigned char* tile, const typename Inverse::Tile& x) {
-    const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
-    const int r = band + lane / 4;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      uint32_t regs[4];
-      ldmatrix_x4(regs, x.v + (band + lane % 16) * Inverse::kPitch + 16 * ks + 8 * (lane / 16));
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(&regs[q]));
-        const int row = r + 8 * (q % 2), col = 16 * ks + 8 * (q / 2) + c_lane;
-        regs[q] = pack_pair<Elem>(row >= col ? xv.x : 0.f, row >= col + 1 ? xv.y : 0.f);
-      }
-      stmatrix_x4(Tiles::fragment_rows(tile, 0, 2 * ks), regs);
-    }
   }
 
   // ---- state groups ---------------------------------------------------------------------------
