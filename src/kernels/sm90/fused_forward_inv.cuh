@@ -31,18 +31,23 @@
 //         loaded (K from key stage c % 3, Q, V from slot c % 2):
 //           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
 //           folded chunk (Ag = diag(2^gcum) X diag(beta 2^-gcum), so Vd^T = W^T Ag^T below):
-//             W'^T = V^T diag(beta 2^-gcum) - U^T diag(beta) -> A fragments
-//             Vd^T = (W'^T @ X^T) diag(2^gcum) (RS, 4; X from slot.ag, the aux group's)
+//             W'^T  = V^T diag(beta 2^-gcum) - U^T diag(beta) -> A fragments
+//             Vd'^T = W'^T @ X^T (RS, 4; X from slot.ag, the aux group's) = Vd^T diag(2^-gcum)
+//             P's half = QK^T (lower triangle, no G) -> slot.p (stmatrix)
+//             chunk end (Rs::finish_chunk, folded): (rho Vd)^T = 2^gamma Vd'^T; S^T *= e^gamma;
+//             both state groups' barrier (P whole); S^T += (rho Vd)^T @ K, O^T += Vd'^T @ P^T (RS, 4 +
+//             4); o staged as O^T diag(2^gcum) (QS^T's columns untouched before it)
 //           else (stronger decay):
 //             W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
 //             Ag's columns 32 g .. 32 g + 31 = G (.) X (.) 1 beta^T (X by ldmatrix) -> slot.ag, and
 //                    both state groups' barrier (Ag whole)
 //             Vd^T = W^T @ Ag^T (RS, 4)
-//           QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only), issued with Vd^T
-//           P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
-//           then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
-//           groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
-//           (RS, 4), free[c % 2], o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+//             P's half = G (.) QK^T (lower triangle) -> slot.p (stmatrix)
+//             then v4's epilogue: rho Vd and Vd fragments, QS^T *= Gamma, S^T *= e^gamma; both state
+//             groups' barrier (P whole); S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16), O^T += Vd^T @ P^T
+//             (RS, 4)
+//           QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only) issued with Vd^T; then free[c % 2],
+//           o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
 // Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
 // o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
 // rho, w_scale [3][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
@@ -110,6 +115,7 @@ struct FusedForwardInv {
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
     __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
     __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
+    __device__ __forceinline__ float decay(int t) const { return decay_t[t]; }
   };
   static __device__ __forceinline__ GateTables gate_tables(const SharedStorage& s, int stage) {
     return {s.gcum[stage], s.decay[stage], s.rho[stage]};
@@ -129,9 +135,11 @@ struct FusedForwardInv {
 
   // Folded gates (bf16 operands only): Ag = diag(2^gcum) X diag(beta 2^-gcum) on and below the
   // diagonal, so  Vd^T = W^T Ag^T = (W^T diag(beta 2^-gcum)) X^T diag(2^gcum):  W's columns take
-  // beta_t 2^-gcum[t] (w_fragments), X goes to the wgmma as it is (the aux group's bf16 copy in
-  // slot.ag, store_x_tile) and Vd^T's columns take 2^gcum[t] after the product (scale_columns). The
-  // state groups then form no Ag and pass no barrier before Vd. The factor 2^-gcum[t] reaches
+  // beta_t 2^-gcum[t] (w_fragments), X goes to the wgmma as it is (the bf16 copy the aux group's
+  // inverse writes into slot.ag), and diag(2^gcum) is carried to the chunk end: P = G (.) QK^T =
+  // diag(2^gcum) QK^T diag(2^-gcum) on the lower triangle, so O^T = (QS^T + Vd'^T QK^T) diag(2^gcum)
+  // with Vd'^T = Vd^T diag(2^-gcum) (Rs::finish_chunk, folded). The state groups then form no Ag and
+  // no G, and pass no barrier before Vd. The factor 2^-gcum[t] reaches
   // 2^-gamma, so only chunks whose decay -gamma (log2 units) is at most kFoldedDecayLog2 fold: W's
   // entries times 2^64 stay far inside bf16's and fp32's 2^127; stronger-decaying chunks (and fp16
   // operands, whose range ends at 2^16) form Ag as before. Every role decides from the same gcum[63].
@@ -324,7 +332,9 @@ struct FusedForwardInv {
   }
 
   // P [64,64] = G (.) (Q K^T), lower triangle with diagonal: state group g's 32 key columns
-  // 32 g .. 32 g + 31 (its m64n32 accumulator qk) into the P tile, by two stmatrix_x4.
+  // 32 g .. 32 g + 31 (its m64n32 accumulator qk) into the P tile, by two stmatrix_x4. kFolded: Q K^T
+  // masked, without G (Rs::finish_chunk's folded chunk end puts the gates on o's columns).
+  template <bool kFolded>
   static __device__ __forceinline__ void store_p_half(unsigned char* p_tile, const float* gcum, const PartAcc& qk,
                                                       int group) {
     const int r = Tiles::acc_row(0);
@@ -335,26 +345,13 @@ struct FusedForwardInv {
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const int jj = j + m / 2, e = 2 * (m % 2), row = Tiles::acc_row(e), col = 32 * group + Tiles::acc_col(jj, e);
-        const float p0 = row >= col ? exp2_approx(g_rows[e / 2] - gcum[col]) * qk[4 * jj + e] : 0.f;
-        const float p1 = row >= col + 1 ? exp2_approx(g_rows[e / 2] - gcum[col + 1]) * qk[4 * jj + e + 1] : 0.f;
+        const float g0 = kFolded ? 1.f : exp2_approx(g_rows[e / 2] - gcum[col]);
+        const float g1 = kFolded ? 1.f : exp2_approx(g_rows[e / 2] - gcum[col + 1]);
+        const float p0 = row >= col ? g0 * qk[4 * jj + e] : 0.f;
+        const float p1 = row >= col + 1 ? g1 * qk[4 * jj + e + 1] : 0.f;
         regs[m] = pack_pair<Elem>(p0, p1);
       }
       stmatrix_x4(Tiles::fragment_rows(p_tile, 0, 4 * group + j), regs);
-    }
-  }
-
-  // Vd^T's columns t times 2^gcum[t] (folded chunks): element 4 j + e of the m64n64 accumulator is
-  // column 8 j + c_lane + e % 2.
-  static __device__ __forceinline__ void scale_columns(Acc& acc, const float* decay) {
-    const int c_lane = 2 * (threadIdx.x % 4);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + c_lane);
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        acc[4 * j + e] *= d.x;
-        acc[4 * j + e + 1] *= d.y;
-      }
     }
   }
 
@@ -425,8 +422,12 @@ struct FusedForwardInv {
       wg::fence_operand(vd);
       wg::fence_operand(o);
       wg::fence_operand(qk);
-      if (folded) scale_columns(vd, s.decay[stage]);
-      if constexpr (kWithO) store_p_half(s.slot[buf].p, gcum, qk, group);
+      if constexpr (kWithO) {
+        if (folded)
+          store_p_half<true>(s.slot[buf].p, gcum, qk, group);
+        else
+          store_p_half<false>(s.slot[buf].p, gcum, qk, group);
+      }
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
@@ -436,7 +437,7 @@ struct FusedForwardInv {
                                                    wg::fence_shared_to_async();
                                                    asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
                                                  }
-                                               });
+                                               }, folded);
     }
     Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }
