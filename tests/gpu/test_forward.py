@@ -370,6 +370,31 @@ def test_inverse_inside_many_heads(seed):
     check(x, o, final, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_inverse_inside_folded_gates(seed, context_parallel):
+    """v5 folds a chunk's gates into W and Vd's columns where its decay -gamma is at most 64 (log2
+    units; fused_forward_inv.cuh folds_gates) and forms Ag where it is stronger: one head's chunks
+    alternate between the two, including decays near the bound (63.7 and 64.6 before a 1% jitter) and a
+    partial last chunk, each head in another order; o and the final state against the float64
+    reference, under CP too (its state pass runs the same chunk step without o)."""
+    chunks, tail = 12, 37
+    T = 64 * chunks + tail
+    x = make_inputs(1, T, 2, 4, regime="zero")
+    # per-token log gates (nat) of each chunk: 64 tokens of g give -gamma = 64 |g| / ln 2 in log2 units
+    pattern = [0.0, -1.0, -0.5, -0.69, -0.70, -2.0, -0.01, -0.5, -1.5, -0.3, -0.69, -0.70, -0.8]
+    g = torch.empty(1, T, 4, device="cuda")
+    for h in range(4):
+        order = pattern[h:] + pattern[:h]
+        for c in range(chunks + 1):
+            g[0, 64 * c:64 * (c + 1), h] = order[c]
+    x["g"] = g * (1 + 0.01 * torch.rand_like(g))  # not constant within a chunk
+    o = torch.full_like(x["v"], float("nan"))
+    final = torch.full((1, 4, 128, 128), float("nan"), device="cuda")
+    forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
+                 context_parallel=context_parallel, cp_segment_chunks=4, kernel=5)
+    print(check(x, o, final))
+
+
 @pytest.mark.parametrize("kernel", [0, 3, 4, 5])
 @pytest.mark.parametrize("context_parallel, strided", [(1, False), (2, False), (1, True)])
 def test_state_pools(seed, context_parallel, strided, kernel):

@@ -5,7 +5,9 @@
 // fused kernels see them): random unit keys in half the chunks, strongly correlated ones (larger
 // entries of X) in the other half. It also reports the warpgroup's cycles per stage (clock64, median
 // over the CTAs: one CTA per SM, the latency; 3 per SM, under contention) and fails on any local
-// memory (spills) under a 128-register cap.
+// memory (spills) under a 128-register cap. The stages also write X's bf16 copy (the fused forward's
+// folded chunks: a 128B-swizzled wgmma operand tile, zeroed first): checked against the same
+// reference within bf16's rounding, exactly 0 above the diagonal; the cycles include those stores.
 // Exit codes: 0 pass, 1 a mismatch or spills, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -39,13 +41,14 @@ struct Shared {
   alignas(1024) unsigned char k[kTileBytes];
   kern::WarpgroupInverse::Workspace workspace;
   kern::WarpgroupInverse::Tile x;
+  alignas(1024) unsigned char x_copy[C * C * 2];  // bf16 [64][64], swizzled (wg::swizzled_offset)
   alignas(16) float beta[C];
 };
 
 // 128 threads; at most 128 registers (4 CTAs' worth per SM): the inverse alone, within any aux
 // warpgroup's budget (fused_forward_inv.cuh's ptxas report covers the kernel's own).
 __global__ void __launch_bounds__(128, 4)
-    inverse_kernel(const __nv_bfloat16* k, const float* beta, float* x_out, long long* cycles) {
+    inverse_kernel(const __nv_bfloat16* k, const float* beta, float* x_out, float* copy_out, long long* cycles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   Shared& s = *reinterpret_cast<Shared*>(smem_raw);  // the kernel has no static shared memory: offset 0
   const int chunk = blockIdx.x, t0 = chunk * C, rows = min(C, T - t0);
@@ -56,6 +59,7 @@ __global__ void __launch_bounds__(128, 4)
     *reinterpret_cast<uint4*>(s.k + wg::tile_offset(row, col, C)) = value;
   }
   if (threadIdx.x < C) s.beta[threadIdx.x] = threadIdx.x < rows ? beta[t0 + threadIdx.x] : 0.f;
+  for (int e = threadIdx.x; e < C * C * 2 / 16; e += 128) reinterpret_cast<uint4*>(s.x_copy)[e] = make_uint4(0, 0, 0, 0);
   wg::fence_shared_to_async();
   __syncthreads();
 
@@ -73,13 +77,13 @@ __global__ void __launch_bounds__(128, 4)
   long long stage[kStages];
   stage[0] = clock64();
   Inverse::store_l(s.workspace, kk, s.beta);
-  Inverse::invert_diagonal(s.workspace, s.x);
+  Inverse::invert_diagonal(s.workspace, s.x, s.x_copy);
   Inverse::sync(1);
   stage[1] = clock64();
-  Inverse::merge_16_to_32(s.workspace, s.x);
+  Inverse::merge_16_to_32(s.workspace, s.x, s.x_copy);
   Inverse::sync(1);
   stage[2] = clock64();
-  Inverse::merge_32_to_64(s.workspace, s.x);
+  Inverse::merge_32_to_64(s.workspace, s.x, s.x_copy);
   Inverse::sync(1);
   stage[3] = clock64();
 
@@ -90,6 +94,9 @@ __global__ void __launch_bounds__(128, 4)
     if (col / 16 <= row / 16) s.x.values(row, col, x);
     *reinterpret_cast<float4*>(out + row * C + col) = make_float4(x[0], x[1], x[2], x[3]);
   }
+  float* copy = copy_out + static_cast<size_t>(chunk) * C * C;
+  for (int e = threadIdx.x; e < C * C; e += 128)
+    copy[e] = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(s.x_copy + wg::swizzled_offset(e / C, e % C)));
   if (threadIdx.x == 0) {
     cycles[kStages * chunk] = stage[0] - start;
     for (int i = 1; i < kStages; ++i) cycles[kStages * chunk + i] = stage[i] - stage[i - 1];
@@ -156,12 +163,13 @@ int main() {
   const std::vector<double> want = host_inverse(k, beta);
 
   __nv_bfloat16* k_dev = nullptr;
-  float *beta_dev = nullptr, *x_dev = nullptr;
+  float *beta_dev = nullptr, *x_dev = nullptr, *copy_dev = nullptr;
   long long* cycles_dev = nullptr;
   const size_t x_count = static_cast<size_t>(kChunks) * C * C;
   cudaMalloc(&k_dev, k.size() * sizeof(__nv_bfloat16));
   cudaMalloc(&beta_dev, beta.size() * sizeof(float));
   cudaMalloc(&x_dev, x_count * sizeof(float));
+  cudaMalloc(&copy_dev, x_count * sizeof(float));
   cudaMalloc(&cycles_dev, kStages * kChunks * sizeof(long long));
   cudaMemcpy(k_dev, k.data(), k.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
   cudaMemcpy(beta_dev, beta.data(), beta.size() * sizeof(float), cudaMemcpyHostToDevice);
@@ -171,21 +179,24 @@ int main() {
   const int smem = static_cast<int>(sizeof(Shared)), smem_alone = 120 * 1024;
   cudaFuncSetAttribute(inverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_alone);
   std::vector<long long> cycles(kStages * kChunks), cycles_alone(kStages * 132);
-  inverse_kernel<<<132, 128, smem_alone>>>(k_dev, beta_dev, x_dev, cycles_dev);
+  inverse_kernel<<<132, 128, smem_alone>>>(k_dev, beta_dev, x_dev, copy_dev, cycles_dev);
   cudaMemcpy(cycles_alone.data(), cycles_dev, cycles_alone.size() * sizeof(long long), cudaMemcpyDeviceToHost);
   cudaMemset(x_dev, 0xff, x_count * sizeof(float));  // NaN poison again
-  inverse_kernel<<<kChunks, 128, smem>>>(k_dev, beta_dev, x_dev, cycles_dev);
+  cudaMemset(copy_dev, 0xff, x_count * sizeof(float));
+  inverse_kernel<<<kChunks, 128, smem>>>(k_dev, beta_dev, x_dev, copy_dev, cycles_dev);
   const cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     std::printf("CUDA error: %s\n", cudaGetErrorString(err));
     return 1;
   }
-  std::vector<float> got(x_count);
+  std::vector<float> got(x_count), got_copy(x_count);
   cudaMemcpy(got.data(), x_dev, x_count * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaMemcpy(got_copy.data(), copy_dev, x_count * sizeof(float), cudaMemcpyDeviceToHost);
   cudaMemcpy(cycles.data(), cycles_dev, cycles.size() * sizeof(long long), cudaMemcpyDeviceToHost);
   cudaFree(k_dev);
   cudaFree(beta_dev);
   cudaFree(x_dev);
+  cudaFree(copy_dev);
   cudaFree(cycles_dev);
 
   bool ok = attributes.localSizeBytes == 0;
@@ -202,6 +213,22 @@ int main() {
     ok &= pass;
     std::printf("%-16s max |err| %.3e (max |X| %.3e, tolerance %.0e relative): %s\n",
                 kind == 0 ? "random keys" : "correlated keys", max_err, max_ref, kTolerance, pass ? "ok" : "FAIL");
+    // the bf16 copy: one more rounding (2^-9 relative) of each entry; exact zeros above the diagonal
+    double copy_err = 0;
+    bool upper_zero = true;
+    for (int chunk = kind; chunk < kChunks; chunk += 2)
+      for (int i = 0; i < C * C; ++i) {
+        const size_t at = static_cast<size_t>(chunk) * C * C + i;
+        const double value = got_copy[at];
+        copy_err = std::isfinite(value) ? std::fmax(copy_err, std::fabs(value - want[at])) : INFINITY;
+        if (i % C > i / C) upper_zero &= value == 0.0;
+      }
+    const double copy_tolerance = (kTolerance + 1.0 / 256) * max_ref;
+    const bool copy_pass = copy_err <= copy_tolerance && upper_zero;
+    ok &= copy_pass;
+    std::printf("%-16s bf16 copy: max |err| %.3e (tolerance %.3e), zero above the diagonal: %s: %s\n",
+                kind == 0 ? "random keys" : "correlated keys", copy_err, copy_tolerance, upper_zero ? "yes" : "no",
+                copy_pass ? "ok" : "FAIL");
   }
   const auto report = [](const char* what, const std::vector<long long>& all) {
     const int ctas = static_cast<int>(all.size()) / kStages;

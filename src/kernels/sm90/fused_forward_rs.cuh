@@ -315,6 +315,7 @@ struct FusedForwardRs {
       const float2 g = *reinterpret_cast<const float2*>(gcum + t);
       return {exp2_approx(gamma() - g.x), exp2_approx(gamma() - g.y)};
     }
+    __device__ __forceinline__ float decay(int t) const { return exp2_approx(gcum[t]); }
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
@@ -333,14 +334,29 @@ struct FusedForwardRs {
   // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update();
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
   // staged, the checkpoint.
+  // folded (v5's folded chunks, never with kExactUpdate): vd holds Vd' = Vd diag(2^-gcum) and P is
+  // Q K^T masked without its gates, so (rho Vd)^T = 2^gamma Vd'^T (one factor), O^T = (QS^T + Vd'^T P^T)
+  // diag(2^gcum): QS^T keeps its columns until o is staged, where they take 2^gcum (the same count of
+  // multiplies, after the update instead of before it).
   template <bool kWithO, bool kExactUpdate, typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
-                                                      BeforeUpdate&& before_update) {
+                                                      BeforeUpdate&& before_update, bool folded = false) {
     const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
     const int64_t t0 = item.bos + c * kChunk;
     Fragments vd_decayed[4], vd_plain[4];
+    if (folded) {
+      const float rho = exp2_approx(gates.gamma());  // every token's: 2^(gamma - gcum) 2^gcum
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int x = 8 * ks + 2 * q;
+          vd_decayed[ks][q] = pack_pair<Elem>(rho * vd[x], rho * vd[x + 1]);
+          if constexpr (kWithO) vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+        }
+    } else {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
@@ -363,6 +379,7 @@ struct FusedForwardRs {
           }
         }
       }
+    }
     const float decay = exp2_approx(gates.gamma());
 #pragma unroll
     for (int x = 0; x < 64; ++x) st[x] *= decay;
@@ -393,9 +410,15 @@ struct FusedForwardRs {
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     wg::to_fragments<Elem, 8>(st, st_frag);
-    if constexpr (kWithO)
-      Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
-                                           [&](int j, int e) { return p.scale * o[4 * j + e]; });
+    if constexpr (kWithO) {
+      if (folded)
+        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
+          return p.scale * gates.decay(Tiles::acc_col(j, e)) * o[4 * j + e];
+        });
+      else
+        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
+                                             [&](int j, int e) { return p.scale * o[4 * j + e]; });
+    }
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
     if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done

@@ -8,7 +8,10 @@
 // 16 x 16 block structure (X_ij: block row i, block column j). In shared memory: the workspace
 // (L in fp16, Tile [64][72], and L's diagonal blocks in fp32 [4][16][16], transposed: 13 KiB) and
 // X's fp16 tile (9 KiB), which the caller places. X's blocks above the diagonal are never formed
-// (read them as 0).
+// (read them as 0). With a `copy` tile, every stage also writes the X entries it forms in bf16 into
+// it, a 128B-swizzled K-major [64][64] tile (wgmma.cuh swizzled_offset: a wgmma B operand; the
+// fused forward's folded chunks), rounded once from fp32; its blocks above the diagonal are never
+// written (the caller keeps them zero).
 // Stages, the last three separated by the warpgroup's named barrier:
 //   1. store_l (warp w): its band of L left of the diagonal block in fp16, and L_ww in fp32 (beta
 //      applied to the rows here, once)
@@ -36,6 +39,7 @@
 
 #include "kernels/sm90/params.h"
 #include "kernels/sm90/warp_mma.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
 
@@ -79,27 +83,29 @@ struct WarpgroupInverse {
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
-  // Stages 2-4; X complete in x when it returns (all 128 threads pass `barrier`). stage_done(i) runs
-  // after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
+  // Stages 2-4; X complete in x (and in `copy` unless null) when it returns (all 128 threads pass
+  // `barrier`). stage_done(i) runs after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
   template <typename StageDone>
-  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, int barrier, StageDone&& stage_done) {
-    invert_diagonal(ws, x);
+  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, unsigned char* copy, int barrier,
+                                                StageDone&& stage_done) {
+    invert_diagonal(ws, x, copy);
     sync(barrier);
     stage_done(0);
-    merge_16_to_32(ws, x);
+    merge_16_to_32(ws, x, copy);
     sync(barrier);
     stage_done(1);
-    merge_32_to_64(ws, x);
+    merge_32_to_64(ws, x, copy);
     sync(barrier);
   }
   static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, int barrier) {
-    invert(ws, x, barrier, [](int) {});
+    invert(ws, x, nullptr, barrier, [](int) {});
   }
 
   // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
   //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
   //    L_ww's column j read as broadcast float4 vectors of the transposed block.
-  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Tile& x_tile) {
+  static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Tile& x_tile,
+                                                         unsigned char* copy = nullptr) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     if (lane >= 16) return;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
@@ -119,10 +125,15 @@ struct WarpgroupInverse {
       }
 #pragma unroll
     for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
+    if (copy != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        *reinterpret_cast<__nv_bfloat16*>(copy + wg::swizzled_offset(base + i, base + lane)) = __float2bfloat16_rn(x[i]);
+    }
   }
 
   // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
-  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x) {
+  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x, unsigned char* copy = nullptr) {
     const int warp = (threadIdx.x / 32) % 4;
     const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
     Fp16A a;
@@ -133,11 +144,11 @@ struct WarpgroupInverse {
     mma_merge(t, a, x_block);
     x.a_fragment(a, r0, r0);
     mma_merge(x_new, a, Tile::as_b(t));
-    store_negated(x, r0, n0, x_new);
+    store_negated(x, copy, r0, n0, x_new);
   }
 
   // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
-  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x) {
+  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x, unsigned char* copy = nullptr) {
     const int warp = (threadIdx.x / 32) % 4;
     const int n0 = 8 * warp, first_kb = n0 / 16;
     Fp16A a;
@@ -160,16 +171,22 @@ struct WarpgroupInverse {
     mma_merge(x3, a, t2_b);
     x.a_fragment(a, 48, 48);
     mma_merge(x3, a, t3_b);
-    store_negated(x, 32, n0, x2);
-    store_negated(x, 48, n0, x3);
+    store_negated(x, copy, 32, n0, x2);
+    store_negated(x, copy, 48, n0, x3);
   }
 
  private:
-  // -(the [16,8] product at (r0, n0)) into an fp16 tile.
-  static __device__ __forceinline__ void store_negated(Tile& tile, int r0, int n0, const float (&acc)[4]) {
+  // -(the [16,8] product at (r0, n0)) into an fp16 tile (and the bf16 copy unless null).
+  static __device__ __forceinline__ void store_negated(Tile& tile, unsigned char* copy, int r0, int n0,
+                                                       const float (&acc)[4]) {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
     tile.store_pair(row, col, -acc[0], -acc[1]);
     tile.store_pair(row + 8, col, -acc[2], -acc[3]);
+    if (copy != nullptr) {
+      *reinterpret_cast<__nv_bfloat162*>(copy + wg::swizzled_offset(row, col)) = __floats2bfloat162_rn(-acc[0], -acc[1]);
+      *reinterpret_cast<__nv_bfloat162*>(copy + wg::swizzled_offset(row + 8, col)) =
+          __floats2bfloat162_rn(-acc[2], -acc[3]);
+    }
   }
 };
 
