@@ -34,8 +34,8 @@
 // writes fp16 rows where p.inverse_rows_fp16 is set, exact); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
 // p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
-// the gate warp of head v (warps 4 and 5, during stage 1) also writes its gate record (chunk_gates.cuh:
-// gcum | beta) at [chunk id][h], and
+// the gate warp of head v (warps 4 and 5, during stage 1) also writes its gate record
+// (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
 // where p.chunk_window_terms is set (CP, forward and backward), head v's window term of the chunk
 // (sum of g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
 #pragma once
@@ -121,17 +121,18 @@ struct ChunkInverse {
     cp_async_commit();
     const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
     // The gates too (the forward's calls, the backward's pre-pass): warps 4 and 5, which hold no tile in
-    // stage 1, fetch heads v = warp - 4 and warp - 2 here (loads in flight across the barrier) and store
-    // them beside stage 1 (store_gates), so that the barrier waits for K alone.
+    // stage 1, load heads v = warp - 4 and warp - 2's raw words here (fetch_raw_chunk_gates: no use
+    // before the barrier, so the loads stay in flight across it) and decode and store them beside
+    // stage 1 (store_gates), so that the barrier waits for K alone.
     const bool with_gates = p.chunk_gates != nullptr || gated;
     const bool gate_warp = warp == kFirstGateWarp || warp == kFirstGateWarp + 1;
-    ChunkGates gates[2];
+    RawChunkGates raw_gates[2];
     if (with_gates) {
       if (gate_warp) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           if (const int v = warp - kFirstGateWarp + 2 * i; v < heads.count)
-            gates[i] = fetch_chunk_gates(p, b, where.first_token, where.rows, heads.first + v);
+            raw_gates[i] = fetch_raw_chunk_gates(p, b, where.first_token, where.rows, heads.first + v);
       }
     } else {  // betas only (0 past the chunk)
       for (int e = threadIdx.x; e < heads.count * kChunk; e += kThreads) {
@@ -151,7 +152,8 @@ struct ChunkInverse {
       if (with_gates && gate_warp) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          if (const int v = warp - kFirstGateWarp + 2 * i; v < heads.count) store_gates(p, s, gates[i], v, heads.first + v, gated);
+          if (const int v = warp - kFirstGateWarp + 2 * i; v < heads.count)
+            store_gates(p, s, decode_chunk_gates(p, raw_gates[i], where.rows), v, heads.first, gated);
       } else if (m0 + 15 > n0) {
         float acc[1][4][4];
         zero(acc);
@@ -237,11 +239,11 @@ struct ChunkInverse {
     }
   }
 
-  // One warp: head v's (of the CTA; v-head h) beta (0 past the chunk) and gcum into shared memory,
-  // write_rows' column factors where gated (e = the last token of t's 16-block), and the chunk's
-  // gate record where p.chunk_gates is set.
+  // One warp: head v's (of the CTA's, from v-head `first`) beta (0 past the chunk) and gcum into shared
+  // memory, write_rows' column factors where gated (e = the last token of t's 16-block), and the
+  // chunk's gate record where p.chunk_gates is set.
   static __device__ __forceinline__ void store_gates(const ForwardParams& p, SharedStorage& s, const ChunkGates& gates,
-                                                     int v, int h, bool gated) {
+                                                     int v, int first, bool gated) {
     const int lane = threadIdx.x % 32;
     store_chunk_gates(s.gcum[v], s.beta[v], gates);
     if (gated) {
@@ -251,7 +253,7 @@ struct ChunkInverse {
         s.col_factor[v][t] = exp2_approx(s.gcum[v][16 * (t / 16) + 15] - s.gcum[v][t]) * s.beta[v][t];
     }
     if (p.chunk_gates != nullptr) {
-      float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
+      float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + first + v) * 2 * kChunk;
       store_chunk_gates(record, record + kChunk, gates);
     }
   }
