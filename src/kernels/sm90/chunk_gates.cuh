@@ -34,7 +34,7 @@ __device__ __forceinline__ RawChunkGates fetch_raw_chunk_gates(const ForwardPara
     const int row = 2 * lane + i;
     const int64_t t = t0 + (row < rows ? row : 0);
     raw.g[i] = p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-    const int64_t at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+    const int64_t at = beta_index(p, b, t, h);
     if (p.beta_is_bf16)
       raw.beta[i] = static_cast<const uint16_t*>(p.beta)[at];
     else
