@@ -17,20 +17,51 @@ struct ChunkGates {
   float g[2] = {0.f, 0.f}, beta[2] = {0.f, 0.f};
 };
 
-__device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows,
-                                                        int h) {
-  ChunkGates gates;
+// The same rows' raw words, loaded with no use, so that the loads can stay in flight (across a
+// barrier) until decode_chunk_gates: g in fp32, beta's fp32 bits or its bf16's in the low half. Rows
+// past the chunk load row 0's (a valid address); decoding zeroes them.
+struct RawChunkGates {
+  float g[2] = {0.f, 0.f};
+  uint32_t beta[2] = {0u, 0u};
+};
+
+__device__ __forceinline__ RawChunkGates fetch_raw_chunk_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows,
+                                                               int h) {
+  RawChunkGates raw;
   const int lane = threadIdx.x % 32;  // one warp
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = 2 * lane + i;
-    if (row < rows) {
-      const int64_t t = t0 + row;
-      gates.g[i] = kLog2e * p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
-      gates.beta[i] = load_beta(p, b, t, h);
+    const int64_t t = t0 + (row < rows ? row : 0);
+    raw.g[i] = p.g[b * p.g_strides.batch + t * p.g_strides.token + h * p.g_strides.head];
+    const int64_t at = beta_index(p, b, t, h);
+    if (p.beta_is_bf16)
+      raw.beta[i] = static_cast<const uint16_t*>(p.beta)[at];
+    else
+      raw.beta[i] = static_cast<const uint32_t*>(p.beta)[at];
+  }
+  return raw;
+}
+
+// The words pass through an empty volatile asm first: the compiler cannot then hoist the decode's
+// multiplies and shifts above a barrier between the fetch and the decode (and the loads' wait with them).
+__device__ __forceinline__ ChunkGates decode_chunk_gates(const ForwardParams& p, RawChunkGates raw, int rows) {
+  ChunkGates gates;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    asm volatile("" : "+f"(raw.g[i]), "+r"(raw.beta[i]));
+    if (2 * lane + i < rows) {
+      gates.g[i] = kLog2e * raw.g[i];
+      gates.beta[i] = p.beta_is_bf16 ? __uint_as_float(raw.beta[i] << 16) : __uint_as_float(raw.beta[i]);
     }
   }
   return gates;
+}
+
+__device__ __forceinline__ ChunkGates fetch_chunk_gates(const ForwardParams& p, int64_t b, int64_t t0, int rows,
+                                                        int h) {
+  return decode_chunk_gates(p, fetch_raw_chunk_gates(p, b, t0, rows, h), rows);
 }
 
 // One warp: gcum = inclusive cumsum of the log2 gates (flat past the valid rows, so gcum[63] = gamma

@@ -13,7 +13,8 @@
 // Stages (16 x 16 blocks, X_ij for block row i and block column j; L = diag(beta) StrictLower(K K^T),
 // its row scaling applied where L is used):
 //   1. KK^T        [64,64] = K[64,128] @ K^T[128,64]        (mma.sync, 8 warps x [16,32] tiles; the
-//      two tiles wholly above the diagonal are skipped), strictly lower part kept; once per CTA
+//      two tiles wholly above the diagonal are skipped: their warps 4 and 5 store the gates, whose
+//      loads they issued before the K tile's barrier), strictly lower part kept; once per CTA
 //   then per v-head of the group:
 //   2. X_ii = (I + L_ii)^{-1}: warp i < 4, lane c < 16 solves column c by forward substitution in
 //      registers (its column's entries above the diagonal come out as exact zeros)
@@ -33,7 +34,8 @@
 // writes fp16 rows where p.inverse_rows_fp16 is set, exact); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
 // p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
-// warp v also writes head v's gate record (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
+// the gate warp of head v (warps 4 and 5, during stage 1) also writes its gate record
+// (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
 // where p.chunk_window_terms is set (CP, forward and backward), head v's window term of the chunk
 // (sum of g_t + log max(1, |1 - beta_t |k_t|^2|), |k_t|^2 from K K^T's diagonal) at [chunk id][h].
 #pragma once
@@ -54,6 +56,7 @@ struct ChunkInverse {
   static constexpr int kPitchK = kHeadDim + 8;  // bf16 elements per K row in shared memory
   static constexpr int kPitchX = kChunk + 8;    // bf16 elements per row of the split tiles
   static constexpr int kMaxHeadsPerCta = 4;      // v-heads of one q/k head per CTA (GQA)
+  static constexpr int kFirstGateWarp = 4;  // warps 4 and 5 fetch and store the gates (heads w - 4, w - 2)
   // The merges' operands (launch.h's InverseMerges): split for bf16x3 (the fp32 inverse for any keys),
   // else plain fp16 (the 16-bit inverse, as v5's in-kernel one; the backward's fp32 one by default).
   static_assert(!kSplitMerges || std::is_same_v<InverseT, float>, "split merges for the fp32 inverse only");
@@ -117,22 +120,19 @@ struct ChunkInverse {
     }
     cp_async_commit();
     const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
-    if (p.chunk_gates != nullptr || gated) {  // the gates too (the forward's calls, the backward's pre-pass)
-      if (warp < heads.count) {  // warp v: head v's beta (0 past the chunk), gcum and gate record
-        const int h = heads.first + warp;
-        const ChunkGates gates = fetch_chunk_gates(p, b, where.first_token, where.rows, h);
-        store_chunk_gates(s.gcum[warp], s.beta[warp], gates);
-        // write_rows' column factors (gated): e = the last token of t's 16-block.
-        if (gated) {
-          __syncwarp();
+    // The gates too (the forward's calls, the backward's pre-pass): warps 4 and 5, which hold no tile in
+    // stage 1, load heads v = warp - 4 and warp - 2's raw words here (fetch_raw_chunk_gates: no use
+    // before the barrier, so the loads stay in flight across it) and decode and store them beside
+    // stage 1 (store_gates), so that the barrier waits for K alone.
+    const bool with_gates = p.chunk_gates != nullptr || gated;
+    const bool gate_warp = warp == kFirstGateWarp || warp == kFirstGateWarp + 1;
+    RawChunkGates raw_gates[2];
+    if (with_gates) {
+      if (gate_warp) {
 #pragma unroll
-          for (int t = lane; t < kChunk; t += 32)
-            s.col_factor[warp][t] = exp2_approx(s.gcum[warp][16 * (t / 16) + 15] - s.gcum[warp][t]) * s.beta[warp][t];
-        }
-        if (p.chunk_gates != nullptr) {
-          float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h) * 2 * kChunk;
-          store_chunk_gates(record, record + kChunk, gates);
-        }
+        for (int i = 0; i < 2; ++i)
+          if (const int v = warp - kFirstGateWarp + 2 * i; v < heads.count)
+            raw_gates[i] = fetch_raw_chunk_gates(p, b, where.first_token, where.rows, heads.first + v);
       }
     } else {  // betas only (0 past the chunk)
       for (int e = threadIdx.x; e < heads.count * kChunk; e += kThreads) {
@@ -144,10 +144,17 @@ struct ChunkInverse {
     __syncthreads();
 
     // 1. StrictLower(K K^T), once for the CTA's heads (warps 4 and 5 hold tiles wholly above the
-    //    diagonal, which nothing reads).
+    //    diagonal, which nothing reads: they store the gates meanwhile).
     {
       const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
-      if (m0 + 15 > n0) {
+      static_assert(16 * (kFirstGateWarp % 4) + 15 <= 32 * (kFirstGateWarp / 4) &&
+                    16 * ((kFirstGateWarp + 1) % 4) + 15 <= 32 * ((kFirstGateWarp + 1) / 4), "the gate warps hold no tile");
+      if (with_gates && gate_warp) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (const int v = warp - kFirstGateWarp + 2 * i; v < heads.count)
+            store_gates(p, s, decode_chunk_gates(p, raw_gates[i], where.rows), v, heads.first, gated);
+      } else if (m0 + 15 > n0) {
         float acc[1][4][4];
         zero(acc);
         warp_gemm<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, s.k, kPitchK, s.k, kPitchK, m0, n0, kHeadDim);
@@ -229,6 +236,25 @@ struct ChunkInverse {
         write_rows<InverseT, false>(p.inverse, p, s, b, where, h, v);
       }
       if (v + 1 < heads.count) __syncthreads();  // X read before the next head's stage 2 writes it
+    }
+  }
+
+  // One warp: head v's (of the CTA's, from v-head `first`) beta (0 past the chunk) and gcum into shared
+  // memory, write_rows' column factors where gated (e = the last token of t's 16-block), and the
+  // chunk's gate record where p.chunk_gates is set.
+  static __device__ __forceinline__ void store_gates(const ForwardParams& p, SharedStorage& s, const ChunkGates& gates,
+                                                     int v, int first, bool gated) {
+    const int lane = threadIdx.x % 32;
+    store_chunk_gates(s.gcum[v], s.beta[v], gates);
+    if (gated) {
+      __syncwarp();
+#pragma unroll
+      for (int t = lane; t < kChunk; t += 32)
+        s.col_factor[v][t] = exp2_approx(s.gcum[v][16 * (t / 16) + 15] - s.gcum[v][t]) * s.beta[v][t];
+    }
+    if (p.chunk_gates != nullptr) {
+      float* record = p.chunk_gates + (blockIdx.x * static_cast<int64_t>(p.num_v_heads) + first + v) * 2 * kChunk;
+      store_chunk_gates(record, record + kChunk, gates);
     }
   }
 

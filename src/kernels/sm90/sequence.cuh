@@ -305,8 +305,12 @@ __device__ __forceinline__ const T* row_ptr(const void* base, const RowStrides& 
 }
 
 // beta of token t (batch entry b) of v-head h, bf16 or fp32 as the caller passed it.
+// beta's element index of (b, t, h); its dtype is p.beta_is_bf16's (bf16) or fp32.
+__device__ __forceinline__ int64_t beta_index(const ForwardParams& p, int64_t b, int64_t t, int64_t h) {
+  return b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+}
 __device__ __forceinline__ float load_beta(const ForwardParams& p, int64_t b, int64_t t, int64_t h) {
-  const int64_t at = b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
+  const int64_t at = beta_index(p, b, t, h);
   return p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[at])
                         : static_cast<const float*>(p.beta)[at];
 }
