@@ -21,6 +21,7 @@
 //         Per chunk:
 //           wait keys_loaded; a partial chunk's rows past its end zeroed (Q, V after loaded); group barrier
 //           the gate tables 2^gcum, 2^(gamma - gcum) (one ex2 a thread)            -> decay, rho
+//           (a folded chunk: beta 2^-gcum too, threads 0-63, and a group barrier  -> x_scale)
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
 //             (a folded chunk, folds_gates: -gamma <= 64 in log2 units, bf16: X' = X diag(beta 2^-gcum)
@@ -381,6 +382,7 @@ struct FusedForwardInv {
       wg::fence_operand(u);
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 7);
+      // folds_gates(gcum) is re-read where needed: a bool kept across the wgmmas spilled 4 bytes
       const float* gcum = s.gcum[stage];
       Acc vd;
       PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
