@@ -372,8 +372,8 @@ def test_inverse_inside_many_heads(seed):
 
 @pytest.mark.parametrize("context_parallel", [1, 2])
 def test_inverse_inside_folded_gates(seed, context_parallel):
-    """v5 folds a chunk's gates into W and Vd's columns where its decay -gamma is at most 64 (log2
-    units; fused_forward_inv.cuh folds_gates) and forms Ag where it is stronger: one head's chunks
+    """v5 folds a chunk's gates out of Ag and P where its decay -gamma is at most 64 (log2 units;
+    fused_forward_inv.cuh folds_gates) and keeps them inside where it is stronger: one head's chunks
     alternate between the two, including decays near the bound (63.7 and 64.6 before a 1% jitter) and a
     partial last chunk, each head in another order; o and the final state against the float64
     reference, under CP too (its state pass runs the same chunk step without o)."""
