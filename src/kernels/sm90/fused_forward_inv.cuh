@@ -194,10 +194,9 @@ struct FusedForwardInv {
     }
     if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
       for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
-    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {  // the folded chunks' X tiles: zero above the
-      for (int i = threadIdx.x % 128; i < 2 * Tiles::kSquareTileBytes / 16; i += 128)  // diagonal blocks
-        reinterpret_cast<uint4*>(s.slot[i / (Tiles::kSquareTileBytes / 16)].ag)[i % (Tiles::kSquareTileBytes / 16)] =
-            make_uint4(0, 0, 0, 0);
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {  // the folded chunks' X' tiles: zero above the diagonal
+      static_assert(Tiles::kSquareTileBytes == kPanelBytes, "an Ag tile is one 64-row panel");
+      for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].ag, 1, 0);
       wg::fence_shared_to_async();
     }
     Aux::group_sync(Aux::kAuxBarrier);
