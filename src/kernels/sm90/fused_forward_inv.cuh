@@ -20,25 +20,26 @@
 //         groups have finished chunk c-1 (free), chunk c+1's slot and chunk c+2's keys (run_aux).
 //         Per chunk:
 //           wait keys_loaded; a partial chunk's rows past its end zeroed (Q, V after loaded); group barrier
-//           the gate tables 2^gcum, beta 2^-gcum, 2^(gamma - gcum)      -> decay, w_scale, rho
+//           the gate tables 2^gcum, 2^(gamma - gcum) (one ex2 a thread)            -> decay, rho
+//           (a folded chunk: beta 2^-gcum too, threads 0-63, and a group barrier  -> x_scale)
 //           KK   [64,64] = K[64,128] @ K^T                 SS wgmma, 8 x m64n64k16
 //           X    = (I + diag(beta) StrictLower(KK))^{-1}    WarpgroupInverse         -> x[c % 2]
-//             (a folded chunk, folds_gates: -gamma <= 64 in log2 units, bf16: X in bf16 -> slot.ag too,
-//             written by the inverse's stages; the tiles' blocks above the diagonal zeroed at the start)
+//             (a folded chunk, folds_gates: -gamma <= 64 in log2 units, bf16: X' = X diag(beta 2^-gcum)
+//             in bf16 -> slot.ag too, written by the inverse's stages; the tiles' blocks above the
+//             diagonal zeroed at the start)
 //           ready[c % 2]
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows 64 g .. 64 g + 63
 //         of S^T as one m64n128 fp32 accumulator, and its A fragments. Per chunk c, after ready and
 //         loaded (K from key stage c % 3, Q, V from slot c % 2):
 //           U^T  = S^T @ K^T (RS, 8; K as K-major B);  QS^T = S^T @ Q^T (RS, 8; o only)
-//           folded chunk (Ag = diag(2^gcum) X diag(beta 2^-gcum), so Vd^T = W^T Ag^T below):
-//             W'^T  = V^T diag(beta 2^-gcum) - U^T diag(beta) -> A fragments
-//             Vd'^T = W'^T @ X^T (RS, 4; X from slot.ag, the aux group's) = Vd^T diag(2^-gcum)
+//           W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
+//           folded chunk (Ag = diag(2^gcum) X' with X' = X diag(beta 2^-gcum), so Vd^T = W^T Ag^T below):
+//             Vd'^T = W^T @ X'^T (RS, 4; X' from slot.ag, the aux group's) = Vd^T diag(2^-gcum)
 //             P's half = QK^T (lower triangle, no G) -> slot.p (stmatrix)
 //             chunk end (Rs::finish_chunk, folded): (rho Vd)^T = 2^gamma Vd'^T; S^T *= e^gamma;
 //             both state groups' barrier (P whole); S^T += (rho Vd)^T @ K, O^T += Vd'^T @ P^T (RS, 4 +
 //             4); o staged as O^T diag(2^gcum) (QS^T's columns untouched before it)
 //           else (stronger decay):
-//             W^T  = V^T - U^T Gamma (V^T by ldmatrix.trans from V's panel g) -> A fragments
 //             Ag's columns 32 g .. 32 g + 31 = G (.) X (.) 1 beta^T (X by ldmatrix) -> slot.ag, and
 //                    both state groups' barrier (Ag whole)
 //             Vd^T = W^T @ Ag^T (RS, 4)
@@ -50,7 +51,7 @@
 //           o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
 // Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
 // o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
-// rho, w_scale [3][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
+// rho [3][64] fp32, x_scale [64] fp32 (the aux's chunk); mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
 // bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
 
@@ -97,7 +98,7 @@ struct FusedForwardInv {
     alignas(16) float beta[kKeyStages][kChunk];
     alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
     alignas(16) float rho[kKeyStages][kChunk];    // 2^(gcum[63] - gcum[t])
-    alignas(16) float w_scale[kKeyStages][kChunk];  // beta_t 2^(-gcum[t])  (folded chunks: folds_gates)
+    alignas(16) float x_scale[kChunk];              // beta_t 2^(-gcum[t]) of the aux's chunk (folded chunks)
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];                  // slot c % 2: Q, V
@@ -120,29 +121,31 @@ struct FusedForwardInv {
   static __device__ __forceinline__ GateTables gate_tables(const SharedStorage& s, int stage) {
     return {s.gcum[stage], s.decay[stage], s.rho[stage]};
   }
-  // Aux thread i: 2^gcum[i] and beta_i 2^-gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]), into key
-  // stage `stage`'s tables (w_scale is read only where the chunk folds its gates, where it is finite).
-  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int stage) {
+  // Aux thread i: 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]), into key stage `stage`'s tables,
+  // and in a folded chunk beta_i 2^-gcum[i] (i < 64: the columns of X' = X diag(beta 2^-gcum), which
+  // the inverse's stages read after the group's barrier that `folded` adds).
+  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int stage, bool folded) {
     const int i = threadIdx.x % 128, t = i % kChunk;
     const float g = s.gcum[stage][t];
     if (i < kChunk) {
       s.decay[stage][t] = exp2_approx(g);
-      s.w_scale[stage][t] = s.beta[stage][t] * exp2_approx(-g);
+      if (folded) s.x_scale[t] = s.beta[stage][t] * exp2_approx(-g);
     } else {
       s.rho[stage][t] = exp2_approx(s.gcum[stage][kChunk - 1] - g);
     }
+    if (folded) Aux::group_sync(Aux::kAuxBarrier);
   }
 
-  // Folded gates (bf16 operands only): Ag = diag(2^gcum) X diag(beta 2^-gcum) on and below the
-  // diagonal, so  Vd^T = W^T Ag^T = (W^T diag(beta 2^-gcum)) X^T diag(2^gcum):  W's columns take
-  // beta_t 2^-gcum[t] (w_fragments), X goes to the wgmma as it is (the bf16 copy the aux group's
-  // inverse writes into slot.ag), and diag(2^gcum) is carried to the chunk end: P = G (.) QK^T =
-  // diag(2^gcum) QK^T diag(2^-gcum) on the lower triangle, so O^T = (QS^T + Vd'^T QK^T) diag(2^gcum)
-  // with Vd'^T = Vd^T diag(2^-gcum) (Rs::finish_chunk, folded). The state groups then form no Ag and
-  // no G, and pass no barrier before Vd. The factor 2^-gcum[t] reaches
-  // 2^-gamma, so only chunks whose decay -gamma (log2 units) is at most kFoldedDecayLog2 fold: W's
-  // entries times 2^64 stay far inside bf16's and fp32's 2^127; stronger-decaying chunks (and fp16
-  // operands, whose range ends at 2^16) form Ag as before. Every role decides from the same gcum[63].
+  // Folded gates (bf16 operands only): Ag = diag(2^gcum) X' on and below the diagonal, with
+  // X' = X diag(beta 2^-gcum) (the bf16 copy the aux group's inverse writes into slot.ag, its columns
+  // scaled as they are stored), so  Vd^T = W^T Ag^T = (W^T X'^T) diag(2^gcum); diag(2^gcum) is carried
+  // to the chunk end: P = G (.) QK^T = diag(2^gcum) QK^T diag(2^-gcum) on the lower triangle, so
+  // O^T = (QS^T + Vd'^T QK^T) diag(2^gcum) with Vd'^T = W^T X'^T = Vd^T diag(2^-gcum) (Rs::finish_chunk,
+  // folded). The state groups then form no Ag and no G, and pass no barrier before Vd. The factor
+  // 2^-gcum[t] reaches 2^-gamma, so only chunks whose decay -gamma (log2 units) is at most
+  // kFoldedDecayLog2 fold: X' and Vd' times 2^64 stay far inside bf16's and fp32's 2^127;
+  // stronger-decaying chunks (and fp16 operands, whose range ends at 2^16) form Ag as before. Every
+  // role decides from the same gcum[63].
   static constexpr float kFoldedDecayLog2 = 64.f;
   static __device__ __forceinline__ bool folds_gates(const float* gcum) {
     if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return gcum[kChunk - 1] >= -kFoldedDecayLog2;
@@ -191,10 +194,9 @@ struct FusedForwardInv {
     }
     if (!load_v)  // V = 0 (the CP state pass's transition items): never loaded
       for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].v, 2, 0);
-    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {  // the folded chunks' X tiles: zero above the
-      for (int i = threadIdx.x % 128; i < 2 * Tiles::kSquareTileBytes / 16; i += 128)  // diagonal blocks
-        reinterpret_cast<uint4*>(s.slot[i / (Tiles::kSquareTileBytes / 16)].ag)[i % (Tiles::kSquareTileBytes / 16)] =
-            make_uint4(0, 0, 0, 0);
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {  // the folded chunks' X' tiles: zero above the diagonal
+      static_assert(Tiles::kSquareTileBytes == kPanelBytes, "an Ag tile is one 64-row panel");
+      for (int i = 0; i < 2; ++i) Rs::zero_rows(s.slot[i].ag, 1, 0);
       wg::fence_shared_to_async();
     }
     Aux::group_sync(Aux::kAuxBarrier);
@@ -243,7 +245,9 @@ struct FusedForwardInv {
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas
         Aux::group_sync(Aux::kAuxBarrier);
       }
-      write_gate_tables(s, stage);  // read after ready
+      // a folded chunk's X' = X diag(beta 2^-gcum) also in bf16 into slot.ag, for the state groups' Vd wgmma
+      const bool folds = folds_gates(s.gcum[stage]);
+      write_gate_tables(s, stage, folds);  // decay, rho read after ready
       timeline_mark(p, 0, c, 2);
       {
         Acc kk;
@@ -252,10 +256,9 @@ struct FusedForwardInv {
         Inverse::store_l(s.inverse, kk, s.beta[stage]);
       }
       timeline_mark(p, 0, c, 4);
-      // a folded chunk's X also in bf16 into slot.ag, for the state groups' Vd wgmma
-      const bool folds = folds_gates(s.gcum[stage]);
-      Inverse::invert(s.inverse, s.x[buf], folds ? s.slot[buf].ag : nullptr, Aux::kAuxBarrier,
-                      [&](int step) { timeline_mark(p, 0, c, 8 + step); });
+      const typename Inverse::ScaledCopy copy =
+          folds ? typename Inverse::ScaledCopy{s.slot[buf].ag, s.x_scale} : typename Inverse::ScaledCopy{};
+      Inverse::invert(s.inverse, s.x[buf], copy, Aux::kAuxBarrier, [&](int step) { timeline_mark(p, 0, c, 8 + step); });
       timeline_mark(p, 0, c, 5);
       if (folds) wg::fence_shared_to_async();  // else X is read by ldmatrix (no proxy fence)
       tma::arrive(&s.ready[buf]);
@@ -279,11 +282,8 @@ struct FusedForwardInv {
   // diagonal from the decay table): V^T's 8 x 8 blocks come transposed by ldmatrix.trans from V's
   // panel g (rows = tokens), block (column block j, row half hf) landing as this thread's accumulator
   // pair (j, e = 2 hf): one x4 per k-step holds registers q = 0..3 of it (j = 2 ks + q / 2, hf = q % 2).
-  // kFolded: W^T diag(beta 2^-gcum) = V^T diag(w_scale) - U^T diag(beta) instead (folds_gates), with
-  // u_scale = beta and v_scale = w_scale; else u_scale = the decay table (v_scale unread).
-  template <bool kFolded>
-  static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* v_scale,
-                                                     const float* u_scale, const Acc& u, Fragments (&w)[4]) {
+  static __device__ __forceinline__ void w_fragments(const unsigned char* v_panel, const float* decay, const Acc& u,
+                                                     Fragments (&w)[4]) {
     const int lane = threadIdx.x % 32, band = 16 * ((threadIdx.x / 32) % 4), c_lane = 2 * (lane % 4);
     const int m = lane / 8;
 #pragma unroll
@@ -293,12 +293,8 @@ struct FusedForwardInv {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int j = 2 * ks + q / 2, x = 4 * j + 2 * (q % 2);
-        const float2 d = *reinterpret_cast<const float2*>(u_scale + 8 * j + c_lane);
-        float2 v = unpack_pair<Elem>(vt[q]);
-        if constexpr (kFolded) {
-          const float2 f = *reinterpret_cast<const float2*>(v_scale + 8 * j + c_lane);
-          v = make_float2(f.x * v.x, f.y * v.y);
-        }
+        const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + c_lane);
+        const float2 v = unpack_pair<Elem>(vt[q]);
         w[ks][q] = pack_pair<Elem>(v.x - d.x * u[x], v.y - d.y * u[x + 1]);
       }
     }
@@ -385,19 +381,16 @@ struct FusedForwardInv {
       wg::fence_operand(u);
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 7);
+      // folds_gates(gcum) is re-read where needed: a bool kept across the wgmmas spilled 4 bytes
       const float* gcum = s.gcum[stage];
-      const bool folded = folds_gates(gcum);
       Acc vd;
       PartAcc qk;  // Q K^T, this group's 32 key columns (o only)
       {
         Fragments w[4];
-        if (folded) {  // slot.ag holds X itself (the aux group's)
-          w_fragments<true>(slot.v + group * kPanelBytes, s.w_scale[stage], s.beta[stage], u, w);
-          timeline_mark(p, 1, c, 8);
-        } else {
-          w_fragments<false>(slot.v + group * kPanelBytes, nullptr, s.decay[stage], u, w);
-          timeline_mark(p, 1, c, 8);
-          // Ag's half from the aux group's X, once U^T is folded into W (beside S^T's pinned fragments
+        w_fragments(slot.v + group * kPanelBytes, s.decay[stage], u, w);
+        timeline_mark(p, 1, c, 8);
+        if (!folds_gates(gcum)) {  // (folded: slot.ag holds X', the aux group's)
+          // Ag's half from the aux group's X, once W has consumed U^T (beside S^T's pinned fragments
           // or U^T it spills); both halves before Vd reads Ag.
           store_ag_half(s.slot[buf].ag, s.x[buf], gcum, s.beta[stage], group);
           timeline_mark(p, 1, c, 9);
@@ -423,7 +416,7 @@ struct FusedForwardInv {
       wg::fence_operand(o);
       wg::fence_operand(qk);
       if constexpr (kWithO) {
-        if (folded)
+        if (folds_gates(gcum))
           store_p_half<true>(s.slot[buf].p, gcum, qk, group);
         else
           store_p_half<false>(s.slot[buf].p, gcum, qk, group);
@@ -437,7 +430,7 @@ struct FusedForwardInv {
                                                    wg::fence_shared_to_async();
                                                    asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");
                                                  }
-                                               }, folded);
+                                               }, folds_gates(gcum));
     }
     Rs::template finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }

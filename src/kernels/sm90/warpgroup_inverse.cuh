@@ -8,10 +8,10 @@
 // 16 x 16 block structure (X_ij: block row i, block column j). In shared memory: the workspace
 // (L in fp16, Tile [64][72], and L's diagonal blocks in fp32 [4][16][16], transposed: 13 KiB) and
 // X's fp16 tile (9 KiB), which the caller places. X's blocks above the diagonal are never formed
-// (read them as 0). With a `copy` tile, every stage also writes the X entries it forms in bf16 into
-// it, a 128B-swizzled K-major [64][64] tile (wgmma.cuh swizzled_offset: a wgmma B operand; the
-// fused forward's folded chunks), rounded once from fp32; its blocks above the diagonal are never
-// written (the caller keeps them zero).
+// (read them as 0). With a copy (ScaledCopy), every stage also writes the X entries it forms, times
+// their column's factor (the fused forward's beta_t 2^-gcum[t]), in bf16 into the copy's tile, a 128B-swizzled K-major [64][64]
+// tile (wgmma.cuh swizzled_offset: a wgmma B operand; the fused forward's folded chunks), rounded once
+// from fp32; its blocks above the diagonal are never written (the caller keeps them zero).
 // Stages, the last three separated by the warpgroup's named barrier:
 //   1. store_l (warp w): its band of L left of the diagonal block in fp16, and L_ww in fp32 (beta
 //      applied to the rows here, once)
@@ -45,6 +45,14 @@ namespace flashgdn::kern {
 
 struct WarpgroupInverse {
   static constexpr int kPitch = kChunk + 8;  // fp16 elements a row: the 8 rows an ldmatrix reads hit distinct banks
+
+  // The copy X diag(scale) in bf16 into `tile` (scale: 64 column factors in shared memory, which every
+  // thread of the warpgroup can read when invert starts); a null tile: no copy.
+  struct ScaledCopy {
+    unsigned char* tile = nullptr;
+    const float* column_scale = nullptr;
+    __device__ __forceinline__ float scale(int col) const { return column_scale[col]; }
+  };
 
   using Tile = HalfTile<kChunk, kPitch>;  // [64][64] fp16, row-major
 
@@ -83,10 +91,10 @@ struct WarpgroupInverse {
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
-  // Stages 2-4; X complete in x (and in `copy` unless null) when it returns (all 128 threads pass
-  // `barrier`). stage_done(i) runs after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
+  // Stages 2-4; X complete in x (and in the copy's tile unless null) when it returns (all 128 threads
+  // pass `barrier`). stage_done(i) runs after stage 2 + i's barrier (i = 0, 1: a timeline's marks).
   template <typename StageDone>
-  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, unsigned char* copy, int barrier,
+  static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, const ScaledCopy& copy, int barrier,
                                                 StageDone&& stage_done) {
     invert_diagonal(ws, x, copy);
     sync(barrier);
@@ -98,14 +106,14 @@ struct WarpgroupInverse {
     sync(barrier);
   }
   static __device__ __forceinline__ void invert(const Workspace& ws, Tile& x, int barrier) {
-    invert(ws, x, nullptr, barrier, [](int) {});
+    invert(ws, x, ScaledCopy{}, barrier, [](int) {});
   }
 
   // 2. X_ww[:, c] solves (I + L_ww) x = e_c, column-oriented: once x_j is final it is taken out of
   //    every later row (the 15 - j updates of step j are independent, so the chain is 16 steps),
   //    L_ww's column j read as broadcast float4 vectors of the transposed block.
   static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Tile& x_tile,
-                                                         unsigned char* copy = nullptr) {
+                                                         const ScaledCopy& copy) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     if (lane >= 16) return;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
@@ -125,15 +133,17 @@ struct WarpgroupInverse {
       }
 #pragma unroll
     for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
-    if (copy != nullptr) {
+    if (copy.tile != nullptr) {
+      const float scale = copy.scale(base + lane);
 #pragma unroll
       for (int i = 0; i < 16; ++i)
-        *reinterpret_cast<__nv_bfloat16*>(copy + wg::swizzled_offset(base + i, base + lane)) = __float2bfloat16_rn(x[i]);
+        *reinterpret_cast<__nv_bfloat16*>(copy.tile + wg::swizzled_offset(base + i, base + lane)) =
+            __float2bfloat16_rn(scale * x[i]);
     }
   }
 
   // 3. 16 -> 32: X_10 (warps 0, 1) and X_32 (warps 2, 3), 8 columns each.
-  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x, unsigned char* copy = nullptr) {
+  static __device__ __forceinline__ void merge_16_to_32(const Workspace& ws, Tile& x, const ScaledCopy& copy) {
     const int warp = (threadIdx.x / 32) % 4;
     const int b = 1 + 2 * (warp / 2), r0 = 16 * b, n0 = 16 * (b - 1) + 8 * (warp % 2);
     Fp16A a;
@@ -148,7 +158,7 @@ struct WarpgroupInverse {
   }
 
   // 4. 32 -> 64: X[32:64, 8 w .. 8 w + 7].
-  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x, unsigned char* copy = nullptr) {
+  static __device__ __forceinline__ void merge_32_to_64(const Workspace& ws, Tile& x, const ScaledCopy& copy) {
     const int warp = (threadIdx.x / 32) % 4;
     const int n0 = 8 * warp, first_kb = n0 / 16;
     Fp16A a;
@@ -176,16 +186,18 @@ struct WarpgroupInverse {
   }
 
  private:
-  // -(the [16,8] product at (r0, n0)) into an fp16 tile (and the bf16 copy unless null).
-  static __device__ __forceinline__ void store_negated(Tile& tile, unsigned char* copy, int r0, int n0,
+  // -(the [16,8] product at (r0, n0)) into an fp16 tile (and the scaled bf16 copy unless null).
+  static __device__ __forceinline__ void store_negated(Tile& tile, const ScaledCopy& copy, int r0, int n0,
                                                        const float (&acc)[4]) {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
     tile.store_pair(row, col, -acc[0], -acc[1]);
     tile.store_pair(row + 8, col, -acc[2], -acc[3]);
-    if (copy != nullptr) {
-      *reinterpret_cast<__nv_bfloat162*>(copy + wg::swizzled_offset(row, col)) = __floats2bfloat162_rn(-acc[0], -acc[1]);
-      *reinterpret_cast<__nv_bfloat162*>(copy + wg::swizzled_offset(row + 8, col)) =
-          __floats2bfloat162_rn(-acc[2], -acc[3]);
+    if (copy.tile != nullptr) {
+      const float scale0 = -copy.scale(col), scale1 = -copy.scale(col + 1);
+      *reinterpret_cast<__nv_bfloat162*>(copy.tile + wg::swizzled_offset(row, col)) =
+          __floats2bfloat162_rn(scale0 * acc[0], scale1 * acc[1]);
+      *reinterpret_cast<__nv_bfloat162*>(copy.tile + wg::swizzled_offset(row + 8, col)) =
+          __floats2bfloat162_rn(scale0 * acc[2], scale1 * acc[3]);
     }
   }
 };
