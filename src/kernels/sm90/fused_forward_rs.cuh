@@ -356,8 +356,9 @@ struct FusedForwardRs {
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
   // staged, the checkpoint.
   // folded (a folded chunk, never with kExactUpdate): P is Q K^T masked without its gates, so
-  // O^T = (QS^T + Vd^T diag(2^-gcum) P^T) diag(2^gcum): QS^T keeps its columns until o is staged, where
-  // they take 2^gcum (the same count of multiplies, after the update instead of before it). kFold:
+  // O^T = (QS^T + Vd^T diag(2^-gcum) P^T) diag(2^gcum): QS^T keeps its columns until the update's
+  // wgmmas are done, then they take 2^gcum (the same count of multiplies, after the update instead of
+  // before it; v4 before free, v5 as o is staged). kFold:
   // Fold::kVd (v5) where vd holds Vd' = Vd diag(2^-gcum) already: (rho Vd)^T = 2^gamma Vd'^T (one
   // factor) and Vd'^T is O's operand as it is; Fold::kP (v4) where vd is Vd: O's operand is Vd^T
   // diag(rho 2^-gamma) (rho from the gates, as the update's).
@@ -445,11 +446,20 @@ struct FusedForwardRs {
     wg::fence_operand(st);
     wg::fence_operand(o);
     timeline_mark(p, 1, c, 4);
+    if (kWithO && kFold == Fold::kP && folded) {
+      // o's columns take 2^gcum before free: v4's gates live in the slot, which free hands to the
+      // aux's next loads (v5's decay table lives in the key stage, which the aux rewrites only after
+      // the next chunk's free: it scales as it stages, below)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[4 * j + e] *= gates.decay(Tiles::acc_col(j, e));
+    }
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     wg::to_fragments<Elem, 8>(st, st_frag);
     if constexpr (kWithO) {
-      if (folded)
+      if (kFold == Fold::kVd && folded)
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
           return p.scale * gates.decay(Tiles::acc_col(j, e)) * o[4 * j + e];
         });
