@@ -32,7 +32,7 @@
 //           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
 //           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
 //                  (a folded chunk: O's fragments of Vd^T diag(2^-gcum) for the plain ones, QS^T untouched,
-//                  and o's columns *= Gamma as it is staged: G = diag(2^gcum) . diag(2^-gcum))
+//                  and o's columns *= Gamma once O's wgmma is done, before free: G = diag(2^gcum) . diag(2^-gcum))
 //           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B); in the kExactUpdate kernel
 //                  (the backward's pre-pass, no o) 4 more with the operand's low part
 //           O^T += Vd^T @ P^T (RS, 4; o only)                          -- chunk c-1's o leaves
@@ -451,9 +451,10 @@ struct FusedForwardRs {
       // aux's next loads (v5's decay table lives in the key stage, which the aux rewrites only after
       // the next chunk's free: it scales as it stages, below)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[4 * j + e] *= gates.decay(Tiles::acc_col(j, e));
+      for (int j = 0; j < 8; ++j) {  // elements 4 j + e: columns 8 j + c_lane + e % 2
+        const float2 decay_t = gates.decay_pair(8 * j + c_lane);
+        o[4 * j] *= decay_t.x, o[4 * j + 1] *= decay_t.y, o[4 * j + 2] *= decay_t.x, o[4 * j + 3] *= decay_t.y;
+      }
     }
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
