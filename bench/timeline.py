@@ -135,10 +135,10 @@ def backward(path: pathlib.Path, buffer: torch.Tensor) -> None:
 
 
 def phases(row, table, done_event):
-    """Median cycles of each phase over the recorded chunks, the step (top to next top), and the item's
+    """Median cycles of each phase over the recorded chunks, the step (top to next top), the item's
     ends: its start to chunk 0's top, and the last recorded chunk's end (done_event) to the item's end
     (events 10 and 11 in chunk 0's row; the last chunk is the item's own when it has at most
-    TIMELINE_SHAPE[1] chunks)."""
+    TIMELINE_SHAPE[1] chunks), and the steps of the chunks before FIRST (the pipeline's fill)."""
     chunks = [c for c in range(FIRST, TIMELINE_SHAPE[1] - 1) if row[c, 0] > 0 and row[c + 1, 0] > 0]
     out = {name: statistics.median(int(row[c, b] - row[c, a]) for c in chunks) for name, a, b in table}
     out["chunk step"] = statistics.median(int(row[c + 1, 0] - row[c, 0]) for c in chunks)
@@ -153,6 +153,8 @@ def phases(row, table, done_event):
     if row[0, 11] > 0 and last + 1 < TIMELINE_SHAPE[1]:
         out["last chunk to item end"] = int(row[0, 11] - row[last, done_event])
         out[f"item ({last + 1} chunks)"] = int(row[0, 11] - row[0, 10])
+    for c in range(min(FIRST, last)):  # the pipeline's fill: the first steps, which the medians leave out
+        out[f"step {c}"] = int(row[c + 1, 0] - row[c, 0])
     return out
 
 
