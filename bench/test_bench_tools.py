@@ -349,6 +349,45 @@ class NcuSourceTop(unittest.TestCase):
         self.assertIn(" 60.0%      0x30  FFMA", text.split("lines executed most:")[1])
 
 
+class NcuRegionsAndContext(unittest.TestCase):
+    PAGE = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier",'
+            '"stall_long_sb","stall_barrier (Not Issued)"\n'
+            '"0x10","LDG.E R2, desc[UR4][R4.64] ;","10","100","0","0","0"\n'
+            '"0x20","BAR.SYNC.DEFER_BLOCKING 0x0 ;","0","100","0","0","0"\n'
+            '"0x30","@!P0 BRA 0x60 ;","600","100","590","10","590"\n'
+            '"0x40","HMMA.16816.F32 R8, R12, R16, R8 ;","40","500","0","0","0"\n'
+            '"0x50","BAR.SYNC.DEFER_BLOCKING 0x0 ;","0","100","0","0","0"\n'
+            '"0x60","FFMA R1, R2, R3, R1 ;","350","100","300","50","300"\n'
+            '"0x70","EXIT ;","0","0","0","0","0"\n')
+
+    def run_tool(self, *extra: str) -> str:
+        import gzip
+        import ncu_source_top
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "source.csv.gz"  # as h200_check keeps it
+            path.write_bytes(gzip.compress(self.PAGE.encode()))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert ncu_source_top.main([str(path), "--top", "3", *extra]) == 0
+        return out.getvalue()
+
+    def test_regions_cut_after_barriers(self):
+        text = self.run_tool("--regions").split("regions (")[1]
+        rows = [line.split() for line in text.splitlines()[1:]]
+        self.assertEqual([(r[0], r[2]) for r in rows], [("0x10", "0x20"), ("0x30", "0x50"), ("0x60", "0x70")])
+        self.assertEqual(rows[0][3:7], ["2", "lines", "20.0%", "1.0%"])  # 200 of 1000 executed, 10 of 1000 samples
+        self.assertEqual(rows[1][5:7], ["70.0%", "64.0%"])
+        self.assertIn("ends EXIT", text)
+
+    def test_context_names_the_wait(self):
+        text = self.run_tool("--context", "30", "0x99").split("== ", 1)[1]
+        self.assertTrue(text.startswith("0x30: barrier 590, long_sb 10\n"))  # not the Not-Issued column
+        block = text.split("== ")[0].splitlines()
+        self.assertEqual(len(block), 1 + 2 + 1 + 4)  # reasons, 2 lines before, the line, 4 after (the page ends)
+        self.assertIn("BAR.SYNC", block[2])
+        self.assertIn("0x99: no such line", text)
+
+
 class AbCompare(unittest.TestCase):
     LOG = ("8x1024:16:32:bwd: whole call {w} us (graph, PDL on), kernels 700.0 us (PDL off), rest 1.0 us\n"
            "       {g} us  backward_grads_kernel (x1)\n"

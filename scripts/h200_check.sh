@@ -94,7 +94,7 @@ profile() {  # ncu --set full on one kernel per entry of PROFILE ("regex config 
       "$OUT/ncu_$name.txt" | head -18
     # where the warps wait, per SASS instruction (the source page's warp-state samples)
     ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${name}_source.csv" 2>&1
-    python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 >"$OUT/ncu_${name}_stalls.txt" 2>&1
+    python3 bench/ncu_source_top.py "$OUT/ncu_${name}_source.csv" --top 20 --regions >"$OUT/ncu_${name}_stalls.txt" 2>&1
     head -70 "$OUT/ncu_${name}_stalls.txt"
     gzip -f "$OUT/ncu_${name}_source.csv"  # kept (per-line samples and executed counts) for a later read
     rm -f "$OUT/$name.ncu-rep"
