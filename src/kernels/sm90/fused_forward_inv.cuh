@@ -115,7 +115,6 @@ struct FusedForwardInv {
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
     __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
     __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
-    __device__ __forceinline__ float decay(int t) const { return decay_t[t]; }
   };
   static __device__ __forceinline__ GateTables gate_tables(const SharedStorage& s, int stage) {
     return {s.gcum[stage], s.decay[stage], s.rho[stage]};

@@ -336,7 +336,6 @@ struct FusedForwardRs {
       const float2 g = *reinterpret_cast<const float2*>(gcum + t);
       return {exp2_approx(gamma() - g.x), exp2_approx(gamma() - g.y)};
     }
-    __device__ __forceinline__ float decay(int t) const { return exp2_approx(gcum[t]); }
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
@@ -358,7 +357,7 @@ struct FusedForwardRs {
   // folded (a folded chunk, never with kExactUpdate): P is Q K^T masked without its gates, so
   // O^T = (QS^T + Vd^T diag(2^-gcum) P^T) diag(2^gcum): QS^T keeps its columns until the update's
   // wgmmas are done, then they take 2^gcum (the same count of multiplies, after the update instead of
-  // before it; v4 before free, v5 as o is staged). kFold:
+  // before it, and before free). kFold:
   // Fold::kVd (v5) where vd holds Vd' = Vd diag(2^-gcum) already: (rho Vd)^T = 2^gamma Vd'^T (one
   // factor) and Vd'^T is O's operand as it is; Fold::kP (v4) where vd is Vd: O's operand is Vd^T
   // diag(rho 2^-gamma) (rho from the gates, as the update's).
@@ -446,10 +445,10 @@ struct FusedForwardRs {
     wg::fence_operand(st);
     wg::fence_operand(o);
     timeline_mark(p, 1, c, 4);
-    if (kWithO && kFold == Fold::kP && folded) {
-      // o's columns take 2^gcum before free: v4's gates live in the slot, which free hands to the
-      // aux's next loads (v5's decay table lives in the key stage, which the aux rewrites only after
-      // the next chunk's free: it scales as it stages, below)
+    if (kWithO && folded) {
+      // o's columns take 2^gcum before free (v4's gates live in the slot, which free hands to the aux's
+      // next loads) and before staging, in one pass of pair loads: scaled inside the staging, each
+      // value's load waited behind the previous stmatrix (timeline, v5: "o" 362 -> 778 cycles)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {  // elements 4 j + e: columns 8 j + c_lane + e % 2
         const float2 decay_t = gates.decay_pair(8 * j + c_lane);
@@ -459,15 +458,9 @@ struct FusedForwardRs {
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     wg::to_fragments<Elem, 8>(st, st_frag);
-    if constexpr (kWithO) {
-      if (kFold == Fold::kVd && folded)
-        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
-          return p.scale * gates.decay(Tiles::acc_col(j, e)) * o[4 * j + e];
-        });
-      else
-        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
-                                             [&](int j, int e) { return p.scale * o[4 * j + e]; });
-    }
+    if constexpr (kWithO)
+      Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
+                                           [&](int j, int e) { return p.scale * o[4 * j + e]; });
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
     if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done
