@@ -370,13 +370,14 @@ def test_inverse_inside_many_heads(seed):
     check(x, o, final, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize("kernel", [4, 5])
 @pytest.mark.parametrize("context_parallel", [1, 2])
-def test_inverse_inside_folded_gates(seed, context_parallel):
-    """v5 folds a chunk's gates out of Ag and P where its decay -gamma is at most 64 (log2 units;
-    fused_forward_inv.cuh folds_gates) and keeps them inside where it is stronger: one head's chunks
-    alternate between the two, including decays near the bound (63.7 and 64.6 before a 1% jitter) and a
-    partial last chunk, each head in another order; o and the final state against the float64
-    reference, under CP too (its state pass runs the same chunk step without o)."""
+def test_inverse_inside_folded_gates(seed, context_parallel, kernel):
+    """v5 and v4 fold a chunk's gates out of P (v5 out of Ag too) where its decay -gamma is at most 64
+    (log2 units; fused_forward_rs.cuh folds_gates) and keep them inside where it is stronger: one
+    head's chunks alternate between the two, including decays near the bound (63.7 and 64.6 before a
+    1% jitter) and a partial last chunk, each head in another order; o and the final state against the
+    float64 reference, under CP too (its state pass runs the same chunk step without o)."""
     chunks, tail = 12, 37
     T = 64 * chunks + tail
     x = make_inputs(1, T, 2, 4, regime="zero")
@@ -391,7 +392,7 @@ def test_inverse_inside_folded_gates(seed, context_parallel):
     o = torch.full_like(x["v"], float("nan"))
     final = torch.full((1, 4, 128, 128), float("nan"), device="cuda")
     forward_into(o, final, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 128 ** -0.5,
-                 context_parallel=context_parallel, cp_segment_chunks=4, kernel=5)
+                 context_parallel=context_parallel, cp_segment_chunks=4, kernel=kernel)
     print(check(x, o, final))
 
 

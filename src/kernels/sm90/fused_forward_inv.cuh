@@ -141,16 +141,9 @@ struct FusedForwardInv {
   // scaled as they are stored), so  Vd^T = W^T Ag^T = (W^T X'^T) diag(2^gcum); diag(2^gcum) is carried
   // to the chunk end: P = G (.) QK^T = diag(2^gcum) QK^T diag(2^-gcum) on the lower triangle, so
   // O^T = (QS^T + Vd'^T QK^T) diag(2^gcum) with Vd'^T = W^T X'^T = Vd^T diag(2^-gcum) (Rs::finish_chunk,
-  // folded). The state groups then form no Ag and no G, and pass no barrier before Vd. The factor
-  // 2^-gcum[t] reaches 2^-gamma, so only chunks whose decay -gamma (log2 units) is at most
-  // kFoldedDecayLog2 fold: X' and Vd' times 2^64 stay far inside bf16's and fp32's 2^127;
-  // stronger-decaying chunks (and fp16 operands, whose range ends at 2^16) form Ag as before. Every
-  // role decides from the same gcum[63].
-  static constexpr float kFoldedDecayLog2 = 64.f;
-  static __device__ __forceinline__ bool folds_gates(const float* gcum) {
-    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return gcum[kChunk - 1] >= -kFoldedDecayLog2;
-    return false;
-  }
+  // folded). The state groups then form no Ag and no G, and pass no barrier before Vd. Which chunks
+  // fold: Rs::folds_gates (-gamma <= 64 in log2 units).
+  static __device__ __forceinline__ bool folds_gates(const float* gcum) { return Rs::folds_gates(gcum); }
 
   // ---- aux group ------------------------------------------------------------------------------
 
@@ -424,7 +417,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
                                                group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

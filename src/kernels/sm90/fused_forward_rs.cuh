@@ -22,8 +22,8 @@
 //         The gates come as the chunk's record written by the chunk inverse (chunk_gates.cuh), by
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
-//         next sequence or garbage); P; -B~ = -Ag diag(Gamma) from Ag's fragments (ldmatrix);
-//         -W~; ready[c % 2].
+//         next sequence or garbage); P (a folded chunk, folds_gates: Q K^T masked, without G);
+//         -B~ = -Ag diag(Gamma) from Ag's fragments (ldmatrix); -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -31,6 +31,8 @@
 //                        + S^T[64,128] @ (-W~)^T (RS, 8)
 //           QS^T [64,64] = S^T @ Q^T (RS, 8; o only)
 //           Vd^T -> A fragments (plain, and rho-scaled by column); S^T *= e^gamma; QS^T columns *= Gamma
+//                  (a folded chunk: O's fragments of Vd^T diag(2^-gcum) for the plain ones, QS^T untouched,
+//                  and o's columns *= Gamma once O's wgmma is done, before free: G = diag(2^gcum) . diag(2^-gcum))
 //           S^T += (rho Vd)^T @ K (RS, 4 x m64n128k16, K as N-major B); in the kExactUpdate kernel
 //                  (the backward's pre-pass, no o) 4 more with the operand's low part
 //           O^T += Vd^T @ P^T (RS, 4; o only)                          -- chunk c-1's o leaves
@@ -93,6 +95,20 @@ struct FusedForwardRs {
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
+  // Folded chunks (bf16 operands only; v4 and v5): those whose decay -gamma (log2 units) is at most
+  // kFoldedDecayLog2, where the factors 2^-gcum[t] (<= 2^-gamma) that fold the gates out of P (and in
+  // v5 out of Ag) stay far inside bf16's and fp32's range (2^127) times any entry; stronger-decaying
+  // chunks (and fp16 operands, whose range ends at 2^16) keep the gates inside. Every role decides
+  // from the same gcum[63].
+  static constexpr float kFoldedDecayLog2 = 64.f;
+  static __device__ __forceinline__ bool folds_gates(const float* gcum) {
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return gcum[kChunk - 1] >= -kFoldedDecayLog2;
+    return false;
+  }
+  // What a folded chunk end (finish_chunk) receives: v5's Vd' = Vd diag(2^-gcum) (its Ag folded too)
+  // or v4's Vd itself (only P folded).
+  enum class Fold { kVd, kP };
+
   // ---- aux group ------------------------------------------------------------------------------
 
   // Rows rows..63 of the `panels` 64-row panels at `tiles` (each kPanelBytes apart) set to zero (a
@@ -120,7 +136,12 @@ struct FusedForwardRs {
     const float g_rows[2] = {gcum[r], gcum[r + 8]};
     float g_col[16];
     Aux::column_values(gcum, g_col);
-    if (with_o) Aux::product_p(slot, g_rows, g_col);
+    if (with_o) {
+      if (folds_gates(gcum))
+        Aux::template product_p<false>(slot, g_rows, g_col);
+      else
+        Aux::product_p(slot, g_rows, g_col);
+    }
     timeline_mark(p, 0, c, 4);
     between();
     uint32_t b_tilde[4][4];
@@ -334,11 +355,14 @@ struct FusedForwardRs {
   // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update();
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
   // staged, the checkpoint.
-  // folded (v5's folded chunks, never with kExactUpdate): vd holds Vd' = Vd diag(2^-gcum) and P is
-  // Q K^T masked without its gates, so (rho Vd)^T = 2^gamma Vd'^T (one factor), O^T = (QS^T + Vd'^T P^T)
-  // diag(2^gcum): QS^T keeps its columns until o is staged, where they take 2^gcum (the same count of
-  // multiplies, after the update instead of before it).
-  template <bool kWithO, bool kExactUpdate, typename Gates, typename BeforeUpdate>
+  // folded (a folded chunk, never with kExactUpdate): P is Q K^T masked without its gates, so
+  // O^T = (QS^T + Vd^T diag(2^-gcum) P^T) diag(2^gcum): QS^T keeps its columns until the update's
+  // wgmmas are done, then they take 2^gcum (the same count of multiplies, after the update instead of
+  // before it: v4 before free, v5 as o is staged). kFold:
+  // Fold::kVd (v5) where vd holds Vd' = Vd diag(2^-gcum) already: (rho Vd)^T = 2^gamma Vd'^T (one
+  // factor) and Vd'^T is O's operand as it is; Fold::kP (v4) where vd is Vd: O's operand is Vd^T
+  // diag(rho 2^-gamma) (rho from the gates, as the update's).
+  template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -346,7 +370,22 @@ struct FusedForwardRs {
     const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
     const int64_t t0 = item.bos + c * kChunk;
     Fragments vd_decayed[4], vd_plain[4];
-    if (folded) {
+    if (kWithO && kFold == Fold::kP && folded) {
+      const float inv_gamma = exp2_approx(-gates.gamma());  // 2^-gcum[t] = rho_t 2^-gamma
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 rho = gates.rho_pair(16 * ks + 8 * half + c_lane);
+          const float2 inv_decay = make_float2(rho.x * inv_gamma, rho.y * inv_gamma);
+#pragma unroll
+          for (int q = 2 * half; q < 2 * half + 2; ++q) {
+            const int x = 8 * ks + 2 * q;
+            vd_decayed[ks][q] = pack_pair<Elem>(rho.x * vd[x], rho.y * vd[x + 1]);
+            vd_plain[ks][q] = pack_pair<Elem>(inv_decay.x * vd[x], inv_decay.y * vd[x + 1]);
+          }
+        }
+    } else if (kFold == Fold::kVd && folded) {
       const float rho = exp2_approx(gates.gamma());  // every token's: 2^(gamma - gcum) 2^gcum
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
@@ -407,11 +446,23 @@ struct FusedForwardRs {
     wg::fence_operand(st);
     wg::fence_operand(o);
     timeline_mark(p, 1, c, 4);
+    if (kWithO && kFold == Fold::kP && folded) {
+      // v4: o's columns take 2^gcum before free (its gates live in the slot, which free hands to the
+      // aux's next loads), in one pass of pair loads
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {  // elements 4 j + e: columns 8 j + c_lane + e % 2
+        const float2 decay_t = gates.decay_pair(8 * j + c_lane);
+        o[4 * j] *= decay_t.x, o[4 * j + 1] *= decay_t.y, o[4 * j + 2] *= decay_t.x, o[4 * j + 3] *= decay_t.y;
+      }
+    }
     tma::arrive(at.free);  // every read of the slot (wgmma operands, gates) is done
 
     wg::to_fragments<Elem, 8>(st, st_frag);
     if constexpr (kWithO) {
-      if (folded)
+      // v5: o's columns take 2^gcum as they are staged, after free (its tables live in the key stage,
+      // rewritten only after the next chunk's free). The same pass before free, as v4's, measured
+      // +0.7..+2.7% on v5's kernel (session 30, candidate-s77 against candidate-s74).
+      if (kFold == Fold::kVd && folded)
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
           return p.scale * gates.decay(Tiles::acc_col(j, e)) * o[4 * j + e];
         });
@@ -554,7 +605,7 @@ struct FusedForwardRs {
       timeline_mark(p, 1, c, 2);
 
       finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, GatesFromLog{s.gcum[buf]}, c, h, group, st, st_frag, vd, o,
-                           [] {});
+                           [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
   }

@@ -170,7 +170,9 @@ struct FusedForwardWs {
 
   // P [64,64] = scale G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
   // this thread's rows r, r + 8 and its columns, column_values); any slot with q, k and p tiles.
-  template <typename AnySlot>
+  // kGated false: scale (Q @ K^T) on the lower triangle, G left out (v4's folded chunks, whose state
+  // groups put it on Vd and o: FusedForwardRs::finish_chunk).
+  template <bool kGated = true, typename AnySlot>
   static __device__ __forceinline__ void product_p(AnySlot& slot, const float (&g_rows)[2], const float (&g_col)[16],
                                                    float scale = 1.f) {
     Acc qk;
@@ -184,6 +186,7 @@ struct FusedForwardWs {
     wg::fence_operand(qk);
     Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
       const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
+      if constexpr (!kGated) return row >= col ? scale * qk[4 * j + e] : 0.f;
       return row >= col ? scale * exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
     });
   }
