@@ -37,7 +37,7 @@
 #   <ref>, carried): that tree's library built in build-baseline, then BASELINE_CMD (default: the
 #   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's (each
 #   through its own tree's Python package),
-#   alternating, twice each (ab_baseline.log, ab_candidate.log: one machine, no spread between
+#   alternating, twice each (AB_ROUNDS=N: N times; ab_baseline.log, ab_candidate.log: one machine, no spread between
 #   machines; bench/ab_compare.py sets their kernel_breakdown rows side by side, ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
 #   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
 #   scripts/make_baseline.sh <ref> variant, carried too) builds a second candidate in build-variant,
@@ -305,7 +305,7 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     # each library with its own tree's Python package (the ctypes mirrors must match its structs:
     # flashgdn_struct_sizes), the working tree's scripts and anchors
     own_python() { echo "$PWD/$1/python${PYTHONPATH#"$PWD/python"}"; }
-    for round in 1 2; do
+    for round in $(seq "${AB_ROUNDS:-2}"); do
       FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so PYTHONPATH=$(own_python .carry/baseline) \
         timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_baseline.log" 2>&1
       note "A/B round $round, baseline $baseline_sha rc=$?"
