@@ -139,6 +139,8 @@ if [ $rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; printf
 grep -E "spill|Local memory" "$OUT/build.log" | sort -u | head -5
 spills=$(grep -cE "Registers are spilled|Local memory used" "$OUT/build.log")
 note "ptxas spill/local-memory warnings: $spills"
+# C7515: ptxas serialised a kernel's wgmmas (an accumulator written by other code while in flight)
+note "ptxas serialised-wgmma reports (C7515): $(grep -c "C7515" "$OUT/build.log")"
 
 export FLASHGDN_LIBRARY=$PWD/build/libflashgdn_c.so
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
