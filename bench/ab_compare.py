@@ -3,7 +3,10 @@ call and each kernel of the baseline, then of each other library with its change
 in percent. Every log holds the rows once a round; a row's last round is taken (the earlier rounds
 are warm-up against the machine's clocks; pass --round 1 for the first). Under each row, every
 library's whole-call change in each round against the baseline's same round: the machine's drift
-shows there (session 28: one round equal within 0.5%, the next +1.5..+3.5% with every kernel equal).
+shows there (session 28: one round equal within 0.5%, the next +1.5..+3.5% with every kernel equal);
+then each one's fastest round against the baseline's fastest, the whole call and every kernel (session
+30: a process's whole calls sat at ~74 or ~77 us at 8x1024 (16,16), so the minimum is the steadier
+statistic).
 
     python3 bench/ab_compare.py ab_baseline.log ab_candidate.log [ab_variant.log] [--round N]
 
@@ -71,8 +74,17 @@ def compare(logs: list[tuple[str, list[dict[str, dict[str, float]]]]], round_ind
             changes = [_change(b.get(spec, {}).get("whole call"), r.get(spec, {}).get("whole call"))
                        for b, r in zip(logs[0][1], rounds)]
             out.append(f"  {label} whole call by round: " + ", ".join(changes))
+        for label, rounds in logs[1:]:  # the fastest round of each: whole calls are bimodal per process
+            mins = [f"{name.removesuffix('_kernel')} {_change(_fastest(logs[0][1], spec, name), _fastest(rounds, spec, name))}"
+                    for name in names]
+            out.append(f"  {label} fastest round against the baseline's: " + ", ".join(mins))
         out.append("")
     return "\n".join(out)
+
+
+def _fastest(rounds: list[dict[str, dict[str, float]]], spec: str, name: str) -> float | None:
+    times = [r[spec][name] for r in rounds if name in r.get(spec, {})]
+    return min(times) if times else None
 
 
 def _change(ref: float | None, got: float | None) -> str:

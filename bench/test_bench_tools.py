@@ -412,6 +412,9 @@ class AbCompare(unittest.TestCase):
         self.assertIn("+0.0%", blocks["1x8192:2:4:bwd"].splitlines()[-1])  # backward_ds_pass_kernel
         self.assertIn("candidate whole call by round: -8.7%", blocks["8x1024:16:32:bwd"])  # round 2 absent
         self.assertIn("candidate whole call by round: +0.0%", blocks["1x8192:2:4:bwd"])
+        # the fastest rounds: 639 against 700, 369 against 400; the inverse absent in the candidate
+        self.assertIn("candidate fastest round against the baseline's: whole call -8.7%, backward_grads -7.8%, "
+                      "chunk_inverse -", blocks["8x1024:16:32:bwd"])
         first = ab_compare.compare([("baseline", base), ("candidate", cand)], round_index=0)
         self.assertIn("-8.7%", first)  # 639 against round 1's 700
         with self.assertRaises(ValueError):
