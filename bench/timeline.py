@@ -2,9 +2,9 @@
 build (cmake -DFLASHGDN_TIMELINE=ON; src/kernels/sm90/timeline.cuh): one forward per configuration
 and kernel (3, 4 and 5, no CP; the second of two calls), then per phase the median cycles over
 chunks 8..126 of CTA (0, 0, 0), for the aux group and state group 0, and the chunk step (top of
-chunk c to top of c + 1). The aux's
-"issue loads, wait tiles" is the cp.async tiles; its gate and A_r loads are waited at first use
-("gates, barrier", "Ag"). In a timeline build v3 spills a little (h200_check reports it).
+chunk c to top of c + 1). The aux's "issue loads, wait tiles" is the cp.async tiles; its gate and
+A_r loads are waited at first use ("gates, barrier", "Ag"). In a timeline build v3 spills a little
+(h200_check reports it).
 
     FLASHGDN_LIBRARY=build-timeline/libflashgdn_c.so python bench/timeline.py [--kernels ws,rs,inv] [--out DIR]
 

@@ -37,8 +37,9 @@
 #   <ref>, carried): that tree's library built in build-baseline, then BASELINE_CMD (default: the
 #   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's (each
 #   through its own tree's Python package),
-#   alternating, twice each (AB_ROUNDS=N: N times; ab_baseline.log, ab_candidate.log: one machine, no spread between
-#   machines; bench/ab_compare.py sets their kernel_breakdown rows side by side, ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
+#   alternating, twice each (AB_ROUNDS=N: N times; ab_baseline.log, ab_candidate.log: one machine,
+#   no spread between machines; bench/ab_compare.py sets their kernel_breakdown rows side by side,
+#   ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
 #   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
 #   scripts/make_baseline.sh <ref> variant, carried too) builds a second candidate in build-variant,
 #   runs its own VARIANT_PYTEST (default tests/gpu/test_forward.py; its Python package and library) and

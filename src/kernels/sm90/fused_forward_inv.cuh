@@ -51,8 +51,9 @@
 //           o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
 // Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
 // o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
-// rho [3][64] fp32, x_scale [64] fp32 (the aux's chunk); mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] and keys_loaded[3] (1 + TMA
-// bytes). Named barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
+// rho [3][64] fp32, x_scale [64] fp32 (the aux's chunk); mbarriers ready[2] (128 arrivals), free[2]
+// (256), loaded[2] and keys_loaded[3] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
+// group g, 4 both state groups.
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"

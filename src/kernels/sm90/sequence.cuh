@@ -304,11 +304,11 @@ __device__ __forceinline__ const T* row_ptr(const void* base, const RowStrides& 
   return static_cast<const T*>(base) + b * s.batch + t * s.token + h * s.head;
 }
 
-// beta of token t (batch entry b) of v-head h, bf16 or fp32 as the caller passed it.
 // beta's element index of (b, t, h); its dtype is p.beta_is_bf16's (bf16) or fp32.
 __device__ __forceinline__ int64_t beta_index(const ForwardParams& p, int64_t b, int64_t t, int64_t h) {
   return b * p.beta_strides.batch + t * p.beta_strides.token + h * p.beta_strides.head;
 }
+// beta of token t (batch entry b) of v-head h, bf16 or fp32 as the caller passed it.
 __device__ __forceinline__ float load_beta(const ForwardParams& p, int64_t b, int64_t t, int64_t h) {
   const int64_t at = beta_index(p, b, t, h);
   return p.beta_is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[at])

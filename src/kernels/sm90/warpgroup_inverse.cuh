@@ -9,9 +9,10 @@
 // (L in fp16, Tile [64][72], and L's diagonal blocks in fp32 [4][16][16], transposed: 13 KiB) and
 // X's fp16 tile (9 KiB), which the caller places. X's blocks above the diagonal are never formed
 // (read them as 0). With a copy (ScaledCopy), every stage also writes the X entries it forms, times
-// their column's factor (the fused forward's beta_t 2^-gcum[t]), in bf16 into the copy's tile, a 128B-swizzled K-major [64][64]
-// tile (wgmma.cuh swizzled_offset: a wgmma B operand; the fused forward's folded chunks), rounded once
-// from fp32; its blocks above the diagonal are never written (the caller keeps them zero).
+// their column's factor (the fused forward's beta_t 2^-gcum[t]), in bf16 into the copy's tile, a
+// 128B-swizzled K-major [64][64] tile (wgmma.cuh swizzled_offset: a wgmma B operand; the fused
+// forward's folded chunks), rounded once from fp32; its blocks above the diagonal are never written
+// (the caller keeps them zero).
 // Stages, the last three separated by the warpgroup's named barrier:
 //   1. store_l (warp w): its band of L left of the diagonal block in fp16, and L_ww in fp32 (beta
 //      applied to the rows here, once)
