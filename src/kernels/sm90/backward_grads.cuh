@@ -179,8 +179,8 @@ struct BackwardGrads {
   // Stage E's first terms, which need nothing from stage D: dq += dP K, dk += dU S^T (K, S^T panel g
   // "MN"), issued (not committed) onto the registers' dQ_a, dK_a.
   static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk) {
-    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
-    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk, true>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim, true>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
                                                             kHeadDim, true);
   }
 
@@ -547,8 +547,8 @@ struct BackwardGrads {
     {
       Acc u;
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
-      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
+      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim, true>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       if (!prepass_dot(bp, it)) {  // under the wgmmas, which only read the tiles too
         const float dot = warp_sum(state_dot(s));
@@ -582,10 +582,10 @@ struct BackwardGrads {
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk>(vd, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim>(kds, s.k, kChunk,
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk, true>(vd, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
+      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(kds, s.k, kChunk,
                                                              s.dst + 64 * group * 128, kHeadDim, false);
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(pdo, s.pg, kChunk,
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(pdo, s.pg, kChunk,
                                                              s.d_o + group * kPanelBytes, kChunk, false);
       wg::commit();
       wg::wait<0>();
@@ -620,26 +620,26 @@ struct BackwardGrads {
       Acc dw;
       Acc32 dpg, dag;
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(dw, s.ag, kChunk,
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(dw, s.ag, kChunk,
                                                              s.dvd + group * kPanelBytes, kChunk, false);
 #pragma unroll
       for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.vd + 32 * group * 128, k0, kChunk),
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::slice_descriptor<Major::kK>(s.d_o, k0, kChunk),
+                                                   wg::slice_descriptor<Major::kK>(s.vd + 32 * group * 128, k0, kChunk),
                                                    k0 > 0);
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::descriptor<Major::kK>(s.dvd, k0, kChunk),
-                                                   wg::descriptor<Major::kK>(s.v + 32 * group * 128, k0, kChunk),
+        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::slice_descriptor<Major::kK>(s.dvd, k0, kChunk),
+                                                   wg::slice_descriptor<Major::kK>(s.v + 32 * group * 128, k0, kChunk),
                                                    k0 > 0);
       }
       wg::commit();
 #pragma unroll
       for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
         wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dq, wg::descriptor<Major::kK>(s.d_o, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+            dq, wg::slice_descriptor<Major::kK>(s.d_o, k0, kChunk),
+            wg::slice_descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
         wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dk, wg::descriptor<Major::kK>(s.vd, k0, kChunk),
-            wg::descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+            dk, wg::slice_descriptor<Major::kK>(s.vd, k0, kChunk),
+            wg::slice_descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
       }
       wg::commit();
       wg::wait<1>();  // dW, dPg, dAg done; dQ_a, dK_a still running
@@ -736,7 +736,7 @@ struct BackwardGrads {
       {
         Acc x;
         wg::fence();
-        wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
+        wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(x, s.ar, kChunk, s.dar, kChunk, false);
         wg::commit();
         issue_first_terms(s, group, dq, dk);  // behind X: they need nothing from D
         wg::commit();
@@ -748,9 +748,9 @@ struct BackwardGrads {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::descriptor<Major::kK>(s.ar + 32 * group * 128, 16 * ks, kChunk),
+        wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::slice_descriptor<Major::kK>(s.ar + 32 * group * 128, 16 * ks, kChunk),
                                         ks > 0);
-      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
+      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim, true>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(y);
@@ -790,14 +790,14 @@ struct BackwardGrads {
       wg::fence();
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16) {
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.dp, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kMN>(s.dp, k0, kChunk),
+                                                     wg::slice_descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
                                                      k0 > 0);
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::descriptor<Major::kK>(s.ag, k0, kChunk),
-                                                    wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kK>(s.ag, k0, kChunk),
+                                                    wg::slice_descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
                                                     true);  // dM K
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::descriptor<Major::kMN>(s.ag, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kMN>(s.ag, k0, kChunk),
+                                                     wg::slice_descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
                                                      true);  // dM^T K
       }
       wg::commit();

@@ -46,8 +46,26 @@ __device__ __forceinline__ uint64_t encode(uint32_t bytes) { return (bytes & 0x3
 
 // Descriptor of the 16-wide K slice starting at k0 of an operand tile at `tile` (shared memory).
 // `rows`: rows per panel (M or N for K-major, K for MN-major).
+// The start address field is the tile's plus the slice's byte offset / 16, added to the descriptor's
+// low word: tiles are 1024-byte aligned and shared memory ends below 256 KiB, so the sum stays inside
+// the 14-bit field. The tile's word is common to every k-step of a product, so each further wgmma
+// costs one add of an immediate (formed from the slice's address, each took five uniform operations
+// in a chain before its wgmma could issue).
 template <Major kMajor>
 __device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int rows) {
+  const uint32_t lead = kMajor == Major::kK ? 16u : static_cast<uint32_t>(rows * 128);  // LBO (unused for K-major)
+  const uint32_t offset = kMajor == Major::kK ? static_cast<uint32_t>((k0 >> 6) * rows * 128 + (k0 & 63) * 2)
+                                              : static_cast<uint32_t>(k0 * 128);
+  const uint32_t tile_word = static_cast<uint32_t>(encode(smem_addr(tile)) | encode(lead) << 16);
+  constexpr uint32_t kHighWord = 1u << 30 | 1024 >> 4;  // bit 62: 128-byte swizzle; SBO 1024 (next 8 rows)
+  return uint64_t{kHighWord} << 32 | (tile_word + (offset >> 4));
+}
+
+// The same descriptor formed from the slice's own address (four uniform operations more a wgmma), for
+// the gradient pass at its 255 registers: there descriptor()'s tile words, shared by the k-steps of
+// a product and by the products of a tile, stay live in registers and spilled 20 bytes.
+template <Major kMajor>
+__device__ __forceinline__ uint64_t slice_descriptor(const void* tile, int k0, int rows) {
   const uint32_t base = smem_addr(tile);
   uint64_t desc = uint64_t{1} << 62;  // 128-byte swizzle
   if constexpr (kMajor == Major::kK) {
@@ -138,15 +156,21 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
 }
 
 // d (+)= A @ B over a k extent of kK (a multiple of 16) in wgmma k-steps: A and B are the operand
-// tiles (descriptor() with a_rows, b_rows), the first step overwrites d unless `accumulate`.
-template <typename Elem, int N, Major kMajorA, Major kMajorB, int kK>
+// tiles (descriptor() with a_rows, b_rows; kSliceDescriptors: slice_descriptor()), the first step
+// overwrites d unless `accumulate`.
+template <typename Elem, int N, Major kMajorA, Major kMajorB, int kK, bool kSliceDescriptors = false>
 __device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a_rows, const void* b, int b_rows,
                                          bool accumulate) {
   static_assert(kK % 16 == 0, "whole k-steps");
 #pragma unroll
-  for (int k0 = 0; k0 < kK; k0 += 16)
-    mma_ss<Elem, N, kMajorA, kMajorB>(d, descriptor<kMajorA>(a, k0, a_rows), descriptor<kMajorB>(b, k0, b_rows),
-                                      accumulate || k0 > 0);
+  for (int k0 = 0; k0 < kK; k0 += 16) {
+    if constexpr (kSliceDescriptors)
+      mma_ss<Elem, N, kMajorA, kMajorB>(d, slice_descriptor<kMajorA>(a, k0, a_rows),
+                                        slice_descriptor<kMajorB>(b, k0, b_rows), accumulate || k0 > 0);
+    else
+      mma_ss<Elem, N, kMajorA, kMajorB>(d, descriptor<kMajorA>(a, k0, a_rows), descriptor<kMajorB>(b, k0, b_rows),
+                                        accumulate || k0 > 0);
+  }
 }
 
 // One RS wgmma (A from registers): A, DESC, PRED, TRANS the operand numbers after the accumulators.
