@@ -1,7 +1,8 @@
 """Where the chunk step of the warp-specialized forwards goes, from the timeline of a measurement
 build (cmake -DFLASHGDN_TIMELINE=ON; src/kernels/sm90/timeline.cuh): one forward per configuration
 and kernel (3, 4 and 5, no CP; the second of two calls), then per phase the median cycles over
-chunks 8..126 of CTA (0, 0, 0), for the aux group and state group 0, and the chunk step (top of
+chunks 8..126 of CTA (0, 0, 0) that mark both its events (a phase no chunk marks is left out), for
+the aux group and state group 0, and the chunk step (top of
 chunk c to top of c + 1). The aux's "issue loads, wait tiles" is the cp.async tiles; its gate and
 A_r loads are waited at first use ("gates, barrier", "Ag"). In a timeline build v3 spills a little
 (h200_check reports it).
@@ -143,7 +144,11 @@ def phases(row, table, done_event):
     TIMELINE_SHAPE[1] chunks), the steps of the chunks before FIRST (the pipeline's fill) and the
     phases of the first FILL_PHASES chunks ("c0 K K^T")."""
     chunks = [c for c in range(FIRST, TIMELINE_SHAPE[1] - 1) if row[c, 0] > 0 and row[c + 1, 0] > 0]
-    out = {name: statistics.median(int(row[c, b] - row[c, a]) for c in chunks) for name, a, b in table}
+    out = {}
+    for name, a, b in table:  # over the chunks that mark both events (v5's Ag half: unfolded chunks only)
+        marked = [int(row[c, b] - row[c, a]) for c in chunks if row[c, a] > 0 and row[c, b] > 0]
+        if marked:
+            out[name] = statistics.median(marked)
     out["chunk step"] = statistics.median(int(row[c + 1, 0] - row[c, 0]) for c in chunks)
     last = max(c for c in range(TIMELINE_SHAPE[1]) if row[c, 0] > 0)
     if row[0, 10] > 0:
