@@ -1,6 +1,7 @@
 // GPU unit test of the wgmma primitives (src/kernels/sm90/wgmma.cuh): D[64,N] = A[64,128] @
 // B[128,N] through eight m64nNk16 steps (N 128, 64 and 32), for every operand-major combination with A
-// from shared memory (SS) and with A from registers (RS), against a host GEMM of the same bf16 values.
+// from shared memory (SS) and with A from registers (RS), and SS through mma_ss_k's pinned descriptors
+// (pinned_descriptor + k_step), against a host GEMM of the same bf16 values.
 // Exit codes: 0 all pass, 1 a mismatch (each variant's error is printed), 77 no sm_90 GPU (ctest
 // reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
@@ -21,7 +22,7 @@ constexpr int kPlainPitch = K + 8;
 constexpr int kATileBytes = M * K * 2, kBTileBytes = K * 128 * 2;  // B: room for N = 128
 constexpr int kSmem = kATileBytes + kBTileBytes + M * kPlainPitch * 2;
 
-template <int N, Major kMajorA, Major kMajorB, bool kRegisterA>
+template <int N, Major kMajorA, Major kMajorB, bool kRegisterA, bool kPinned = false>
 __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d_out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* a_tile = smem;
@@ -48,8 +49,10 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
   wg::fence_operand(d);
   wg::fence();
+  if constexpr (kPinned)
+    wg::mma_ss_k<__nv_bfloat16, N, kMajorA, kMajorB, K, true>(d, a_tile, a_rows, b_tile, b_rows, false);
 #pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) {
+  for (int k0 = 0; k0 < K && !kPinned; k0 += 16) {
     const uint64_t desc_b = wg::descriptor<kMajorB>(b_tile, k0, b_rows);
     if constexpr (kRegisterA) {
       uint32_t frag[4];
@@ -72,9 +75,9 @@ __global__ void __launch_bounds__(128) gemm_kernel(const __nv_bfloat16* a, const
     }
 }
 
-template <int N, Major kMajorA, Major kMajorB, bool kRegisterA>
+template <int N, Major kMajorA, Major kMajorB, bool kRegisterA, bool kPinned = false>
 bool run(const char* name, const Bf16Gemm& gemm) {
-  auto* kernel = gemm_kernel<N, kMajorA, kMajorB, kRegisterA>;
+  auto* kernel = gemm_kernel<N, kMajorA, kMajorB, kRegisterA, kPinned>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   gemm.poison();
   kernel<<<1, 128, kSmem>>>(gemm.a, gemm.b, gemm.d);
@@ -97,5 +100,10 @@ int main() {
   ok &= run<64, Major::kK, Major::kK, true>("n64 RS B K-major", narrow);
   ok &= run<64, Major::kK, Major::kMN, true>("n64 RS B N-major", narrow);
   ok &= run<32, Major::kK, Major::kK, false>("n32 SS A K-major, B K-major", n32);
+  ok &= run<128, Major::kK, Major::kK, false, true>("pinned SS A K-major, B K-major", gemm);
+  ok &= run<128, Major::kK, Major::kMN, false, true>("pinned SS A K-major, B N-major", gemm);
+  ok &= run<128, Major::kMN, Major::kK, false, true>("pinned SS A M-major, B K-major", gemm);
+  ok &= run<128, Major::kMN, Major::kMN, false, true>("pinned SS A M-major, B N-major", gemm);
+  ok &= run<32, Major::kK, Major::kK, false, true>("pinned n32 SS A K-major, B K-major", n32);
   return ok ? 0 : 1;
 }

@@ -622,24 +622,32 @@ struct BackwardGrads {
       wg::fence();
       wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(dw, s.ag, kChunk,
                                                              s.dvd + group * kPanelBytes, kChunk, false);
+      {
+        const uint64_t d_o = wg::pinned_descriptor<Major::kK>(s.d_o, kChunk);
+        const uint64_t vd = wg::pinned_descriptor<Major::kK>(s.vd + 32 * group * 128, kChunk);
+        const uint64_t dvd = wg::pinned_descriptor<Major::kK>(s.dvd, kChunk);
+        const uint64_t v = wg::pinned_descriptor<Major::kK>(s.v + 32 * group * 128, kChunk);
 #pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::slice_descriptor<Major::kK>(s.d_o, k0, kChunk),
-                                                   wg::slice_descriptor<Major::kK>(s.vd + 32 * group * 128, k0, kChunk),
-                                                   k0 > 0);
-        wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::slice_descriptor<Major::kK>(s.dvd, k0, kChunk),
-                                                   wg::slice_descriptor<Major::kK>(s.v + 32 * group * 128, k0, kChunk),
-                                                   k0 > 0);
+        for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+          wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::k_step<Major::kK>(d_o, k0, kChunk),
+                                                     wg::k_step<Major::kK>(vd, k0, kChunk), k0 > 0);
+          wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dag, wg::k_step<Major::kK>(dvd, k0, kChunk),
+                                                     wg::k_step<Major::kK>(v, k0, kChunk), k0 > 0);
+        }
       }
       wg::commit();
+      {
+        const uint64_t d_o = wg::pinned_descriptor<Major::kK>(s.d_o, kChunk);
+        const uint64_t st = wg::pinned_descriptor<Major::kMN>(s.st + group * kStatePanelBytes, kHeadDim);
+        const uint64_t vd = wg::pinned_descriptor<Major::kK>(s.vd, kChunk);
+        const uint64_t dst = wg::pinned_descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, kHeadDim);
 #pragma unroll
-      for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dq, wg::slice_descriptor<Major::kK>(s.d_o, k0, kChunk),
-            wg::slice_descriptor<Major::kMN>(s.st + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(
-            dk, wg::slice_descriptor<Major::kK>(s.vd, k0, kChunk),
-            wg::slice_descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, k0, kHeadDim), k0 > 0);
+        for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::k_step<Major::kK>(d_o, k0, kChunk),
+                                                      wg::k_step<Major::kMN>(st, k0, kHeadDim), k0 > 0);
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk, wg::k_step<Major::kK>(vd, k0, kChunk),
+                                                      wg::k_step<Major::kMN>(dst, k0, kHeadDim), k0 > 0);
+        }
       }
       wg::commit();
       wg::wait<1>();  // dW, dPg, dAg done; dQ_a, dK_a still running
@@ -746,10 +754,12 @@ struct BackwardGrads {
       }
       Acc32 y, kk;
       wg::fence();
+      {
+        const uint64_t ar = wg::pinned_descriptor<Major::kK>(s.ar + 32 * group * 128, kChunk);
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::slice_descriptor<Major::kK>(s.ar + 32 * group * 128, 16 * ks, kChunk),
-                                        ks > 0);
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::k_step<Major::kK>(ar, 16 * ks, kChunk), ks > 0);
+      }
       wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim, true>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
@@ -788,17 +798,21 @@ struct BackwardGrads {
     {
       Acc dk_rest;  // dP^T Q + dM K + dM^T K
       wg::fence();
+      {
+        const uint64_t dp = wg::pinned_descriptor<Major::kMN>(s.dp, kChunk);
+        const uint64_t q = wg::pinned_descriptor<Major::kMN>(s.q + group * kPanelBytes, kChunk);
+        const uint64_t dm = wg::pinned_descriptor<Major::kK>(s.ag, kChunk);
+        const uint64_t dm_t = wg::pinned_descriptor<Major::kMN>(s.ag, kChunk);
+        const uint64_t k = wg::pinned_descriptor<Major::kMN>(s.k + group * kPanelBytes, kChunk);
 #pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16) {
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kMN>(s.dp, k0, kChunk),
-                                                     wg::slice_descriptor<Major::kMN>(s.q + group * kPanelBytes, k0, kChunk),
-                                                     k0 > 0);
-        wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kK>(s.ag, k0, kChunk),
-                                                    wg::slice_descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                    true);  // dM K
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::slice_descriptor<Major::kMN>(s.ag, k0, kChunk),
-                                                     wg::slice_descriptor<Major::kMN>(s.k + group * kPanelBytes, k0, kChunk),
-                                                     true);  // dM^T K
+        for (int k0 = 0; k0 < kChunk; k0 += 16) {
+          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dp, k0, kChunk),
+                                                       wg::k_step<Major::kMN>(q, k0, kChunk), k0 > 0);
+          wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::k_step<Major::kK>(dm, k0, kChunk),
+                                                      wg::k_step<Major::kMN>(k, k0, kChunk), true);  // dM K
+          wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dm_t, k0, kChunk),
+                                                       wg::k_step<Major::kMN>(k, k0, kChunk), true);  // dM^T K
+        }
       }
       wg::commit();
       {  // the next item's A_r into a_r (its last reader was stage C's epilogue), issued under these

@@ -44,6 +44,13 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int c, int rows) {
 
 __device__ __forceinline__ uint64_t encode(uint32_t bytes) { return (bytes & 0x3FFFF) >> 4; }
 
+// Byte offset of the 16-wide K slice at k0 in an operand tile (`rows` rows per panel).
+template <Major kMajor>
+__device__ __forceinline__ uint32_t slice_offset(int k0, int rows) {
+  return kMajor == Major::kK ? static_cast<uint32_t>((k0 >> 6) * rows * 128 + (k0 & 63) * 2)
+                             : static_cast<uint32_t>(k0 * 128);
+}
+
 // Descriptor of the 16-wide K slice starting at k0 of an operand tile at `tile` (shared memory).
 // `rows`: rows per panel (M or N for K-major, K for MN-major).
 // The start address field is the tile's plus the slice's byte offset / 16, added to the descriptor's
@@ -54,29 +61,24 @@ __device__ __forceinline__ uint64_t encode(uint32_t bytes) { return (bytes & 0x3
 template <Major kMajor>
 __device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int rows) {
   const uint32_t lead = kMajor == Major::kK ? 16u : static_cast<uint32_t>(rows * 128);  // LBO (unused for K-major)
-  const uint32_t offset = kMajor == Major::kK ? static_cast<uint32_t>((k0 >> 6) * rows * 128 + (k0 & 63) * 2)
-                                              : static_cast<uint32_t>(k0 * 128);
   const uint32_t tile_word = static_cast<uint32_t>(encode(smem_addr(tile)) | encode(lead) << 16);
   constexpr uint32_t kHighWord = 1u << 30 | 1024 >> 4;  // bit 62: 128-byte swizzle; SBO 1024 (next 8 rows)
-  return uint64_t{kHighWord} << 32 | (tile_word + (offset >> 4));
+  return uint64_t{kHighWord} << 32 | (tile_word + (slice_offset<kMajor>(k0, rows) >> 4));
 }
 
-// The same descriptor formed from the slice's own address (four uniform operations more a wgmma), for
-// the gradient pass at its 255 registers: there descriptor()'s tile words, shared by the k-steps of
-// a product and by the products of a tile, stay live in registers and spilled 20 bytes.
+// A product's descriptor at k0 = 0, pinned where the product starts (an empty asm): ptxas neither
+// hoists it nor shares it with another product, so it is live for that product only; its k-steps
+// are k_step(). For the gradient pass at 255 registers, where descriptor()'s tile words, shared
+// across products, stayed live and spilled 20 bytes.
 template <Major kMajor>
-__device__ __forceinline__ uint64_t slice_descriptor(const void* tile, int k0, int rows) {
-  const uint32_t base = smem_addr(tile);
-  uint64_t desc = uint64_t{1} << 62;  // 128-byte swizzle
-  if constexpr (kMajor == Major::kK) {
-    desc |= encode(base + static_cast<uint32_t>((k0 >> 6) * rows * 128 + (k0 & 63) * 2));
-    desc |= encode(16) << 16;
-  } else {
-    desc |= encode(base + static_cast<uint32_t>(k0 * 128));
-    desc |= encode(static_cast<uint32_t>(rows * 128)) << 16;
-  }
-  desc |= encode(1024) << 32;
+__device__ __forceinline__ uint64_t pinned_descriptor(const void* tile, int rows) {
+  uint64_t desc = descriptor<kMajor>(tile, 0, rows);
+  asm volatile("" : "+l"(desc));
   return desc;
+}
+template <Major kMajor>
+__device__ __forceinline__ uint64_t k_step(uint64_t desc0, int k0, int rows) {
+  return desc0 + (slice_offset<kMajor>(k0, rows) >> 4);
 }
 
 // Before the first wgmma of a group, and after any register write an RS wgmma reads as A (PTX:
@@ -156,18 +158,21 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
 }
 
 // d (+)= A @ B over a k extent of kK (a multiple of 16) in wgmma k-steps: A and B are the operand
-// tiles (descriptor() with a_rows, b_rows; kSliceDescriptors: slice_descriptor()), the first step
+// tiles (descriptor() with a_rows, b_rows; kPinned: pinned_descriptor() and k_step()), the first step
 // overwrites d unless `accumulate`.
-template <typename Elem, int N, Major kMajorA, Major kMajorB, int kK, bool kSliceDescriptors = false>
+template <typename Elem, int N, Major kMajorA, Major kMajorB, int kK, bool kPinned = false>
 __device__ __forceinline__ void mma_ss_k(float (&d)[N / 2], const void* a, int a_rows, const void* b, int b_rows,
                                          bool accumulate) {
   static_assert(kK % 16 == 0, "whole k-steps");
+  if constexpr (kPinned) {
+    const uint64_t a0 = pinned_descriptor<kMajorA>(a, a_rows), b0 = pinned_descriptor<kMajorB>(b, b_rows);
 #pragma unroll
-  for (int k0 = 0; k0 < kK; k0 += 16) {
-    if constexpr (kSliceDescriptors)
-      mma_ss<Elem, N, kMajorA, kMajorB>(d, slice_descriptor<kMajorA>(a, k0, a_rows),
-                                        slice_descriptor<kMajorB>(b, k0, b_rows), accumulate || k0 > 0);
-    else
+    for (int k0 = 0; k0 < kK; k0 += 16)
+      mma_ss<Elem, N, kMajorA, kMajorB>(d, k_step<kMajorA>(a0, k0, a_rows), k_step<kMajorB>(b0, k0, b_rows),
+                                        accumulate || k0 > 0);
+  } else {
+#pragma unroll
+    for (int k0 = 0; k0 < kK; k0 += 16)
       mma_ss<Elem, N, kMajorA, kMajorB>(d, descriptor<kMajorA>(a, k0, a_rows), descriptor<kMajorB>(b, k0, b_rows),
                                         accumulate || k0 > 0);
   }
