@@ -56,7 +56,7 @@ FILL_PHASES = 2  # the chunks whose own phases are printed too
 BACKWARD_CONFIGS = [([1024] * 8, 16, 32), ([8192] * 4, 8, 16), ([8192] * 4, 16, 16)]
 GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("C: dW, dPg, dAg", 3, 4),
          ("C: epilogue, dQ_a, dK_a", 4, 5), ("D: X, Y, KK", 5, 6), ("E: wgmmas", 6, 7), ("E: sums, stores", 7, 9),
-         ("dg, dbeta", 9, 10)]
+         ("dg, dbeta", 9, 10), ("item end: the issuer's lookup of the item after next", 10, 11)]
 
 
 # The CP correction (timeline.cuh's correction events, rows from CORRECTION_ROW).
@@ -107,7 +107,11 @@ def grads_phases(row):
     """Median cycles of each stage over the CTA's items 2..126 and the item step; group_sums' wait
     over the items that have one."""
     items = [i for i in range(2, TIMELINE_SHAPE[1] - 1) if row[i, 0] > 0 and row[i + 1, 0] > 0]
-    out = {name: statistics.median(int(row[i, b] - row[i, a]) for i in items) for name, a, b in GRADS}
+    out = {}
+    for name, a, b in GRADS:  # over the items that mark both events (the issuer's lookup: group 1 only)
+        marked = [int(row[i, b] - row[i, a]) for i in items if row[i, a] > 0 and row[i, b] > 0]
+        if marked:
+            out[name] = statistics.median(marked)
     waits = [int(row[i, 8] - row[i, 7]) for i in items if row[i, 8] > 0]
     if waits:
         out["E: running sum waited"] = statistics.median(waits)

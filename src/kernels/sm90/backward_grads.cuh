@@ -116,6 +116,7 @@ struct BackwardGrads {
     alignas(8) uint64_t early, state, late;  // the item's three load sets
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
+    Item after;                       // the item after next, looked up an item ahead (thread 128 only)
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
   static_assert(offsetof(SharedStorage, beta) == offsetof(SharedStorage, gcum) + kChunk * 4, "one gate record");
@@ -223,6 +224,11 @@ struct BackwardGrads {
       return it;
     }
     return it;
+  }
+
+  // The item after `next` (invalid after an invalid one).
+  static __device__ __forceinline__ Item item_after(const BackwardParams& bp, const Item& next) {
+    return next.valid ? find_item(bp, next_index(bp, next.index), next) : Item{};
   }
 
   // The boxes of an item in three sets with one mbarrier each, so that the next item's loads run under
@@ -480,6 +486,7 @@ struct BackwardGrads {
         issue_state(p, maps, s, s.next);
         issue_late(p, maps, s, s.next);
       }
+      s.after = item_after(bp, s.next);  // behind the first item's loads
     }
     __syncthreads();
     const Item first = s.next;
@@ -489,13 +496,20 @@ struct BackwardGrads {
 #pragma unroll 1
     do {
       float* const running_sum = run_item(bp, maps, s, a_r);
+      // the item after the next one: its lookup (dependent loads, 64-bit divisions) here, where group 1
+      // waits for warp 0's dg and dbeta, and not on stage D's path (it held X's issue ~2.8k cycles)
+      if (threadIdx.x == kIssuer) {
+        s.after = item_after(bp, s.next);
+        timeline_mark(p, 1, s.next.ordinal - 1, 11);  // (the finished item's row)
+      }
       __syncthreads();  // warp 0's reads of the partials before the next item zeroes them; the staged sum complete
       if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
     if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
-  // The item in s.next: its stages; on the way, the next item goes to s.next (after stage C), its three
+  // The item in s.next: its stages; on the way, the next item (looked up at the previous item's end,
+  // s.after) goes to s.next (after stage C), its three
   // load sets are issued (after stage C, after stage D and after stage E's wgmmas) and its A_r is loaded
   // into a_r (under E's wgmmas).
   // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
@@ -529,8 +543,6 @@ struct BackwardGrads {
     const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
-    // the next item's lookup (stage C, on the issuer's path into stage D) from L1
-    if (threadIdx.x == kIssuer) prefetch_chunk_lookup(p, it.seq);
     tma::wait(&s.early, it.ordinal % 2);
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
@@ -726,15 +738,16 @@ struct BackwardGrads {
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
-      // the next item first: its lookup reads the lines prefetched at the top, which wait_bulk's
-      // L1 invalidation (CCTL.IVALL) would drop
-      Item next = find_item(bp, next_index(bp, it.index), it);
+      Item next = s.after;  // looked up at the previous item's end
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
         issue_partial_dq(bp, s, it);
       }
+      // the lines of the next lookup (from next's sequence, at this item's end) into L1, after
+      // wait_bulk's L1 invalidation (CCTL.IVALL)
+      if (next.valid) prefetch_chunk_lookup(p, next.seq);
       if (next.valid) issue_early(maps, s, next, p.num_v_heads);
     }
 
