@@ -60,8 +60,9 @@ cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStre
     return err;
   // persistent: one CTA per SM at most, over items or (group_sums) units of a group's v-heads
   const int64_t items = p.fwd.max_chunks * (p.group_sums ? p.fwd.num_qk_heads : p.fwd.num_v_heads);
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, num_sms))), Kernel::kThreads, smem,
-                       stream, p, maps);
+  // after the dS pass has completed, not under its tail (grid_dependency.cuh: LaunchOrder::kAfter)
+  return launch_kernel<LaunchOrder::kAfter>(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(items, num_sms))),
+                                            Kernel::kThreads, smem, stream, p, maps);
 }
 
 }  // namespace flashgdn::kern

@@ -15,6 +15,9 @@
 // of tables written two or more kernels back, which the previous kernel's own wait has ordered (the
 // corrections also write S_0 there, to a block the previous kernel does not touch), and every path
 // through them still waits before it ends.
+// One kernel is launched without the attribute (LaunchOrder::kAfter): the backward's gradient pass,
+// whose whole calls were 2.5-4.6% slower with it than without (bench/notes.md, session 32; its own
+// time equal either way, the cause not established). Its wait then returns at once.
 // FLASHGDN_PDL=0 in the environment launches without the attribute (A/B timing).
 #pragma once
 
@@ -40,9 +43,13 @@ inline bool programmatic_launch_enabled() {
   return enabled;
 }
 
+// How a kernel's grid follows the stream's previous one: kEarly, scheduled under its tail
+// (programmatic stream serialization, unless FLASHGDN_PDL=0); kAfter, once it has completed.
+enum class LaunchOrder { kEarly, kAfter };
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed
-// (unless FLASHGDN_PDL=0); the launch's error.
-template <typename... Params, typename... Args>
+// (unless FLASHGDN_PDL=0 or kOrder is kAfter); the launch's error.
+template <LaunchOrder kOrder = LaunchOrder::kEarly, typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
                           Args&&... args) {
   cudaLaunchAttribute attribute{};
@@ -54,7 +61,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std:
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  config.numAttrs = kOrder == LaunchOrder::kEarly && programmatic_launch_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
