@@ -34,8 +34,9 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
   auto* kernel = backward_ds_pass_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads, smem, stream, p,
-                       maps);
+  // after the previous kernel has completed (grid_dependency.cuh: LaunchOrder::kAfter)
+  return launch_kernel<LaunchOrder::kAfter>(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads,
+                                            smem, stream, p, maps);
 }
 
 // The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,

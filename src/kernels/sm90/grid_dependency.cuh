@@ -15,9 +15,11 @@
 // of tables written two or more kernels back, which the previous kernel's own wait has ordered (the
 // corrections also write S_0 there, to a block the previous kernel does not touch), and every path
 // through them still waits before it ends.
-// One kernel is launched without the attribute (LaunchOrder::kAfter): the backward's gradient pass,
-// whose whole calls were 2.5-4.6% slower with it than without (bench/notes.md, session 32; its own
-// time equal either way, the cause not established). Its wait then returns at once.
+// Two kernels are launched without the attribute (LaunchOrder::kAfter): the backward's gradient pass,
+// whose whole calls were 2.5-4.6% slower with it than without (bench/notes.md, session 32), and the
+// dS pass before it (whole calls 0.45% faster without it, the mean of three A/Bs in session 33: 9 of
+// 12 rows faster); their own times are equal either way, the cause not established. Their wait then
+// returns at once.
 // FLASHGDN_PDL=0 in the environment launches without the attribute (A/B timing).
 #pragma once
 
