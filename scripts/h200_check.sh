@@ -320,8 +320,8 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
       note "A/B round $round, $1 $(case $1 in baseline) echo "$baseline_sha" ;; candidate) echo "${FLASHGDN_COMMIT:-}" ;; variant) echo "$variant_sha" ;; esac) rc=$rc"
     }
     trees=(baseline candidate ${variant_sha:+variant})
-    # the order rotates each round (round 1: baseline first): in session 33 the tree timed later in a
-    # round measured 0.4-1.3% faster whole calls with the same kernel times, whatever its code
+    # the order rotates each round (round 1: baseline first), so that no tree always runs first or
+    # last: whole calls of equal kernels differ up to ~1% between processes (bench/notes.md, session 33)
     for round in $(seq "${AB_ROUNDS:-2}"); do
       for i in "${!trees[@]}"; do
         ab_run "${trees[$(((i + round - 1) % ${#trees[@]}))]}"
