@@ -198,13 +198,25 @@ if [ "$MODE" = cp ]; then  # refit first: the GPU tests and the sweeps run with 
   grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_fitted.log" | head -5
 fi
 
+# Each failed or erroring test into the summary with its seed (tests/gpu/conftest.py prints "[seed N]
+# name" as a test starts; FLASHGDN_TEST_SEED=N replays it): the summary is what a call's reply keeps
+# when its logs are lost (session 32's one failure was known by count only).
+failed_with_seeds() {
+  local id name seed
+  while read -r _ id _; do  # (not a pipeline's subshell: note appends to the summary)
+    name=${id##*::}
+    seed=$(grep -F "] $name" "$1" | grep -oE "\[seed [0-9]+\]" | tail -1)
+    note "  failed: ${id} ${seed:-[seed not printed]}"
+  done < <(grep -E "^(FAILED|ERROR) " "$1" | head -20)
+}
+
 if [ -z "${SKIP_TESTS:-}" ] && [ -n "${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels}" ]; then
   # a short first run of the newest kernels: a hang costs 120 s, not the whole suite's timeout
   eval "smoke_args=(${PYTEST_SMOKE-tests/gpu/test_forward.py -k kernels})"  # shell quoting kept: -k 'a and b'
   timeout 120 python3 -m pytest "${smoke_args[@]}" -q -rfE -s >"$OUT/pytest_smoke.log" 2>&1
   smoke=$?
   note "pytest smoke rc=$smoke (124: hung): $(tail -1 "$OUT/pytest_smoke.log")"
-  grep -E "^FAILED|^ERROR" "$OUT/pytest_smoke.log" | head -10
+  failed_with_seeds "$OUT/pytest_smoke.log"
   if [ $smoke -eq 124 ]; then  # a kernel hangs: the benchmarks would hang too
     echo "================ summary"
     printf '%s\n' "${summary[@]}"
@@ -216,7 +228,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest "${pytest_args[@]}" -q -rfE -s \
     --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
   note "pytest rc=$? (124: stopped by PYTEST_TIMEOUT): $(tail -1 "$OUT/pytest.log")"
-  grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -20
+  failed_with_seeds "$OUT/pytest.log"
 
   timeout 300 python3 examples/train.py >"$OUT/train.log" 2>&1
   note "examples/train.py rc=$?: $(tail -1 "$OUT/train.log")"
@@ -298,7 +310,7 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     (cd .carry/variant && FLASHGDN_LIBRARY=$PWD/../../build-variant/libflashgdn_c.so PYTHONPATH=$PWD/python \
       timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest "${variant_pytest[@]}" -q -rfE -s) >"$OUT/pytest_variant.log" 2>&1
     note "variant $variant_sha pytest rc=$?: $(tail -1 "$OUT/pytest_variant.log")"
-    grep -E "^FAILED|^ERROR" "$OUT/pytest_variant.log" | head -10
+    failed_with_seeds "$OUT/pytest_variant.log"
   fi
   if [ $rc -eq 0 ]; then
     ab_cmd=${BASELINE_CMD:-python3 bench/kernel_breakdown.py 1x2048:2:8 1x8192:2:8 1x8192:2:4:bwd 1x32768:2:8 8x1024:2:8}
