@@ -37,9 +37,9 @@
 #   <ref>, carried): that tree's library built in build-baseline, then BASELINE_CMD (default: the
 #   kernel breakdown of five CP and short rows) run with the baseline's library and this tree's (each
 #   through its own tree's Python package),
-#   alternating, twice each, the order rotated each round (AB_ROUNDS=N: N times; ab_baseline.log, ab_candidate.log: one machine,
-#   no spread between machines; bench/ab_compare.py sets their kernel_breakdown rows side by side,
-#   ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
+#   alternating, twice each, the order rotated each round (AB_ROUNDS=N: N times; ab_baseline.log,
+#   ab_candidate.log: one machine, no spread between machines; bench/ab_compare.py sets their
+#   kernel_breakdown rows side by side, ab_compare.txt); BASELINE_TABLES=1 also measures the baseline's forward and backward tables
 #   (FLASHGDN_COMMIT=baseline_<its sha>); with BASELINE, VARIANT=1 (needs .carry/variant from
 #   scripts/make_baseline.sh <ref> variant, carried too) builds a second candidate in build-variant,
 #   runs its own VARIANT_PYTEST (default tests/gpu/test_forward.py; its Python package and library) and
@@ -320,16 +320,16 @@ if [ -n "${BASELINE:-}" ]; then  # A/B against .carry/baseline's library on this
     # each library with its own tree's Python package (the ctypes mirrors must match its structs:
     # flashgdn_struct_sizes), the working tree's scripts and anchors
     own_python() { echo "$PWD/$1/python${PYTHONPATH#"$PWD/python"}"; }
-    ab_run() {  # one tree's run of the A/B command: baseline, candidate or variant
-      case $1 in
-        baseline) FLASHGDN_LIBRARY=$PWD/build-baseline/libflashgdn_c.so PYTHONPATH=$(own_python .carry/baseline) \
-          timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_baseline.log" 2>&1 ;;
-        candidate) timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_candidate.log" 2>&1 ;;
-        variant) FLASHGDN_LIBRARY=$PWD/build-variant/libflashgdn_c.so PYTHONPATH=$(own_python .carry/variant) \
-          timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_variant.log" 2>&1 ;;
-      esac
-      local rc=$?
-      note "A/B round $round, $1 $(case $1 in baseline) echo "$baseline_sha" ;; candidate) echo "${FLASHGDN_COMMIT:-}" ;; variant) echo "$variant_sha" ;; esac) rc=$rc"
+    ab_run() {  # one tree's run of the A/B command: baseline and variant through their own library and package
+      local tree=$1 sha
+      case $tree in baseline) sha=$baseline_sha ;; candidate) sha=${FLASHGDN_COMMIT:-} ;; variant) sha=$variant_sha ;; esac
+      if [ "$tree" = candidate ]; then
+        timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_candidate.log" 2>&1
+      else
+        FLASHGDN_LIBRARY=$PWD/build-$tree/libflashgdn_c.so PYTHONPATH=$(own_python ".carry/$tree") \
+          timeout "${BENCH_TIMEOUT:-420}" bash -c "$ab_cmd" >>"$OUT/ab_$tree.log" 2>&1
+      fi
+      note "A/B round $round, $tree $sha rc=$?"
     }
     trees=(baseline candidate ${variant_sha:+variant})
     # the order rotates each round (round 1: baseline first), so that no tree always runs first or
