@@ -56,7 +56,7 @@ FILL_PHASES = 2  # the chunks whose own phases are printed too
 BACKWARD_CONFIGS = [([1024] * 8, 16, 32), ([8192] * 4, 8, 16), ([8192] * 4, 16, 16)]
 GRADS = [("wait loads", 0, 1), ("A: U, W, P", 1, 2), ("B: Vd, dVd, a", 2, 3), ("C: dW, dPg, dAg", 3, 4),
          ("C: epilogue, dQ_a, dK_a", 4, 5), ("D: X, Y, KK", 5, 6), ("E: wgmmas", 6, 7), ("E: sums, stores", 7, 9),
-         ("dg, dbeta", 9, 10), ("item end: the issuer's lookup of the item after next", 10, 11)]
+         ("dg, dbeta", 9, 10), ("E: to the issuer's lookup of the item after next", 6, 11)]
 
 
 # The CP correction (timeline.cuh's correction events, rows from CORRECTION_ROW).

@@ -4,21 +4,22 @@
 // grid covers every (chunk, v-head) at once. The equations are those of one chunk of
 // src/reference/backward_chunked.cpp (float64) without the dS update.
 //
-// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = chunk * Hv + h (a
-// chunk's v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block
-// 256 threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early
-// set (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate
-// record) after stage E's wgmmas, its A_r (registers) under E's wgmmas. Every product has M = 64
-// tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns) and columns 32 g ..
-// of the 64-wide ones (m64n32), except X (both groups form it whole: it is Y's A operand, from
-// registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes
-// units (chunk, q/k head) instead, their group's v-heads in a row (the item index is unchanged):
-// dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128], float2
-// columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a
-// bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages have
-// retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its last
-// 16 rows into dVd after dq's add, added after E) and adds; the group's
-// last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
+// Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = chunk * Hv + h (a chunk's
+// v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block 256
+// threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early set
+// (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate record)
+// after stage E's wgmmas, its A_r (registers) under E's wgmmas, where the issuer also looks up the
+// item after it. Every product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide
+// products (V or K columns) and columns 32 g .. of the 64-wide ones (m64n32), except X (both groups
+// form it whole: it is Y's A operand, from registers). Operand majors as in wgmma.cuh ("K" K-major,
+// "MN"). With bp.group_sums a CTA takes units (chunk, q/k head) instead, their group's v-heads in a
+// row (the item index is unchanged): dq, dk run as a sum over the group in fp32 workspace (dq_heads,
+// [unit][dq, dk][64][128], float2 columns swizzled by row): an item stages it in retired tiles (dq:
+// Vd, dVd; dk: dU, dA_r, dP) for a bulk store, and the next v-head's item brings it back by bulk TMA
+// into tiles its own stages have retired (dq: Vd, dVd after stage C, added into dq before E; dk:
+// A_r, Pg, dA_r after D and its last 16 rows into dVd after dq's add, added after E) and adds; the
+// group's last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as
+// direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
@@ -51,7 +52,7 @@
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
 //      chunk with a dS_T the pre-pass's, S in fp32: fwd.final_grad_dots), dg = reverse cumsum of dg_s,
-//      dbeta -> HBM (warp 0)
+//      dbeta -> HBM (dg by warp 0, dbeta by warp 1)
 #pragma once
 
 #include <cstddef>
@@ -419,32 +420,26 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
-  // dgamma, then dg = reverse cumsum of dg_s over the chunk, and dbeta (one warp, two rows a lane),
-  // from the per-warp partials (complete after stage E's first barrier). Called after the item's
-  // stores: before them it holds back the calling warp's share and its group's barrier.
-  static __device__ void store_dg_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma) {
-    const int lane = threadIdx.x % 32, rows = it.rows;
-    const int64_t b = it.b, t0 = it.t0;
-    const int h = it.h;
+  // dgamma, then dg = reverse cumsum of dg_s over the chunk (warp 0, two rows a lane), from the
+  // per-warp partials (complete after stage E's first barrier). Called after the item's stores:
+  // before them it holds back the calling warp's share and its group's barrier.
+  static __device__ void store_dg(const BackwardParams& bp, const SharedStorage& s, const Item& it, float gamma) {
+    const int lane = threadIdx.x % 32;
     float dot = 0.f, ka = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       dot += s.state_dot_part[w];
       ka += s.ka_part[w];
     }
-    float dgs_row[2], dbeta_row[2];
+    float dgs_row[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = 2 * lane + i;
-      float x = 0.f, y = 0.f;
+      float x = 0.f;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        x += s.dgs_part[w][row];
-        y += s.dbeta_col[w][row] + s.dbeta_row[w][row];
-      }
+      for (int w = 0; w < 8; ++w) x += s.dgs_part[w][row];
       if (row == kChunk - 1) x += exp2_approx(gamma) * dot + ka;
       dgs_row[i] = x;
-      dbeta_row[i] = y;
     }
     float suffix = dgs_row[0] + dgs_row[1];  // lane l: rows 2 l, 2 l + 1
 #pragma unroll
@@ -456,14 +451,27 @@ struct BackwardGrads {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = 2 * lane + i;
-      if (row < rows) {
-        const int64_t t = t0 + row;
-        bp.dg[b * bp.dg_strides.batch + t * bp.dg_strides.token + h * bp.dg_strides.head] = dg_row[i];
-        const int64_t off = b * bp.dbeta_strides.batch + t * bp.dbeta_strides.token + h * bp.dbeta_strides.head;
+      if (row < it.rows)
+        bp.dg[it.b * bp.dg_strides.batch + (it.t0 + row) * bp.dg_strides.token + it.h * bp.dg_strides.head] = dg_row[i];
+    }
+  }
+  // dbeta (warp 1 beside warp 0's dg, two rows a lane): its column terms (stage C) and row terms
+  // (stage D) over the 8 warps' partials.
+  static __device__ void store_dbeta(const BackwardParams& bp, const SharedStorage& s, const Item& it) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = 2 * lane + i;
+      float y = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) y += s.dbeta_col[w][row] + s.dbeta_row[w][row];
+      if (row < it.rows) {
+        const int64_t off =
+            it.b * bp.dbeta_strides.batch + (it.t0 + row) * bp.dbeta_strides.token + it.h * bp.dbeta_strides.head;
         if (bp.fwd.beta_is_bf16)
-          static_cast<__nv_bfloat16*>(bp.dbeta)[off] = __float2bfloat16_rn(dbeta_row[i]);
+          static_cast<__nv_bfloat16*>(bp.dbeta)[off] = __float2bfloat16_rn(y);
         else
-          static_cast<float*>(bp.dbeta)[off] = dbeta_row[i];
+          static_cast<float*>(bp.dbeta)[off] = y;
       }
     }
   }
@@ -496,22 +504,16 @@ struct BackwardGrads {
 #pragma unroll 1
     do {
       float* const running_sum = run_item(bp, maps, s, a_r);
-      // the item after the next one: its lookup (dependent loads, 64-bit divisions) here, where group 1
-      // waits for warp 0's dg and dbeta, and not on stage D's path (it held X's issue ~2.8k cycles)
-      if (threadIdx.x == kIssuer) {
-        s.after = item_after(bp, s.next);
-        timeline_mark(p, 1, s.next.ordinal - 1, 11);  // (the finished item's row)
-      }
-      __syncthreads();  // warp 0's reads of the partials before the next item zeroes them; the staged sum complete
+      __syncthreads();  // warps 0, 1's reads of the partials before the next item zeroes them; the staged sum complete
       if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
     if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
-  // The item in s.next: its stages; on the way, the next item (looked up at the previous item's end,
-  // s.after) goes to s.next (after stage C), its three
-  // load sets are issued (after stage C, after stage D and after stage E's wgmmas) and its A_r is loaded
-  // into a_r (under E's wgmmas).
+  // The item in s.next: its stages; on the way, the next item (looked up under the previous item's
+  // stage E, s.after) goes to s.next (after stage C), its three load sets are issued (after stage C,
+  // after stage D and after stage E's wgmmas), its A_r is loaded into a_r and the item after it looked
+  // up into s.after (under E's wgmmas).
   // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
   static __device__ __forceinline__ float* run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
                                                     SharedStorage& s, Acc32& a_r) {
@@ -738,7 +740,7 @@ struct BackwardGrads {
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 5);
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
-      Item next = s.after;  // looked up at the previous item's end
+      Item next = s.after;  // looked up under the previous item's stage E wgmmas
       next.ordinal = it.ordinal + 1;
       s.next = next;
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
@@ -833,6 +835,12 @@ struct BackwardGrads {
          // comes before its first use at the next item's top, but for a running sum's staging
         const Item next = s.next;
         if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
+        // the item after next, looked up under the wgmmas too (its issuer's wait; the other warps
+        // wait for it at this stage's barrier, not at the item's end)
+        if (threadIdx.x == kIssuer) {
+          s.after = item_after(bp, next);
+          timeline_mark(p, 1, it.ordinal, 11);
+        }
       }
       wg::wait<0>();
       wg::fence_operand(dq);
@@ -894,7 +902,8 @@ struct BackwardGrads {
         }
     }
     timeline_mark(p, group, it.ordinal, 9);
-    if (warp == 0) store_dg_dbeta(bp, s, it, gamma);
+    if (warp == 0) store_dg(bp, s, it, gamma);
+    if (warp == 1) store_dbeta(bp, s, it);
 
     timeline_mark(p, group, it.ordinal, 10);
     return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;

@@ -14,7 +14,7 @@
 // (role g) of CTA 0 marks its items (row = the CTA's item ordinal): 0 top, 1 load sets waited,
 // 2 stage A done (barrier), 3 B done, 4 C's first commit group waited, 5 C done, 6 D done, 7 E's
 // wgmmas waited, 8 group_sums' running sum waited, 9 stores issued, 10 item end, 11 (group 1's issuer,
-// after its item end) the item after next looked up.
+// under E's wgmmas, before their wait) the item after next looked up.
 // The forward's CP correction (cp_correction_kernel, cp_kernels.cu) marks CTA (0, 0, 0)'s steps with
 // thread 128 (role 1) from row kTimelineCorrectionRow on (row kTimelineCorrectionRow + j for step j,
 // above the rows the fused passes' items of at most kTimelineCorrectionRow - 1 chunks write): 0 step
