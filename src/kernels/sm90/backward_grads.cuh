@@ -56,6 +56,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/fused_forward_wg.cuh"
@@ -68,6 +69,13 @@
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashgdn::kern {
+
+// wgmma descriptors' high word (128-byte swizzle, SBO 1024: wg::descriptor's), read from constant
+// memory so that ptxas cannot split a descriptor into a hoisted low word and a known high word: it
+// then rebuilt the pair with carries at every k-step (up to 7 uniform operations a wgmma, not 2).
+// Used by stage D's and E's products (E's first terms, X, Y, K K^T, dk's rest): on stages A-C's it
+// cost more than it saved (ptxas' choice, recheck the SASS after any change here).
+static __constant__ uint32_t kDescriptorHighWord = 1u << 30 | 1024 >> 4;
 
 template <typename Elem>
 struct BackwardGrads {
@@ -141,6 +149,15 @@ struct BackwardGrads {
     return v;
   }
 
+  // unpack_pair, with bf16's upper half by a mask (one LOP3): __bfloat1622float2 moves it down and
+  // back up (PRMT + IMAD.SHL); the same values.
+  static __device__ __forceinline__ float2 unpack(uint32_t bits) {
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+      return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+    else
+      return unpack_pair<Elem>(bits);
+  }
+
   // A 64-column panel's elements at this thread's m64nN accumulator positions, by ldmatrix_x4 of
   // column blocks j0 .. j0 + N / 8 - 1 (Tiles::fragment_rows): f(j, e, pair) for accumulator
   // elements 4 j + e, e + 1 (e even), j counted from j0.
@@ -151,7 +168,7 @@ struct BackwardGrads {
       uint32_t r[4];
       ldmatrix_x4(r, Tiles::fragment_rows(const_cast<unsigned char*>(panel), 0, j0 + j));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack_pair<Elem>(r[m]));
+      for (int m = 0; m < 4; ++m) f(j + m / 2, 2 * (m % 2), unpack(r[m]));
     }
   }
   // value(j, e) of an m64nN accumulator -> a 64-column panel at column blocks j0 .. (stmatrix_x4).
@@ -162,6 +179,23 @@ struct BackwardGrads {
       uint32_t regs[4];
       Tiles::pack_x4(regs, j, value);
       stmatrix_x4(Tiles::fragment_rows(panel, 0, j0 + j), regs);
+    }
+  }
+
+  // Rows 0 .. rows - 1 of a [64][64] panel to `out` (rows `row_stride` elements apart, 16-byte
+  // aligned) in 16-byte pieces, as Tiles::copy_rows (thread t of the group: piece t % 8 of rows
+  // t / 8 + 16 i), with the addresses formed once: the pieces of a thread share the swizzle (row % 8),
+  // so the shared one steps by immediates and the global one by 16 rows.
+  static __device__ __forceinline__ void copy_rows(Elem* out, int64_t row_stride, const unsigned char* panel,
+                                                   int rows) {
+    const int row = threadIdx.x % 128 / 8, vec = threadIdx.x % 8;
+    const unsigned char* src = panel + wg::swizzled_offset(row, vec * 8);
+    Elem* dst = out + row * row_stride + vec * 8;
+#pragma unroll
+    for (int i = 0; i < kChunk / 16; ++i) {
+      if (row + 16 * i < rows)
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src + i * 16 * 128);
+      dst += 16 * row_stride;
     }
   }
 
@@ -178,11 +212,29 @@ struct BackwardGrads {
     return sum[0] + sum[1];
   }
 
+  // wg::pinned_descriptor with the high word from kDescriptorHighWord (the same value), and mma_ss_k
+  // over such descriptors (wg::k_step's k-steps).
+  template <Major kMajor>
+  static __device__ __forceinline__ uint64_t opaque_descriptor(const void* tile, int rows) {
+    uint64_t desc = (wg::descriptor<kMajor>(tile, 0, rows) & 0xFFFFFFFFull) | uint64_t{kDescriptorHighWord} << 32;
+    asm volatile("" : "+l"(desc));
+    return desc;
+  }
+  template <int N, Major kMajorA, Major kMajorB, int kK>
+  static __device__ __forceinline__ void mma_opaque(float (&d)[N / 2], const void* a, int a_rows, const void* b,
+                                                    int b_rows, bool accumulate) {
+    const uint64_t a0 = opaque_descriptor<kMajorA>(a, a_rows), b0 = opaque_descriptor<kMajorB>(b, b_rows);
+#pragma unroll
+    for (int k0 = 0; k0 < kK; k0 += 16)
+      wg::mma_ss<Elem, N, kMajorA, kMajorB>(d, wg::k_step<kMajorA>(a0, k0, a_rows), wg::k_step<kMajorB>(b0, k0, b_rows),
+                                            accumulate || k0 > 0);
+  }
+
   // Stage E's first terms, which need nothing from stage D: dq += dP K, dk += dU S^T (K, S^T panel g
   // "MN"), issued (not committed) onto the registers' dQ_a, dK_a.
   static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk) {
-    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk, true>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
-    wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kHeadDim, true>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
+    mma_opaque<64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
+    mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
                                                             kHeadDim, true);
   }
 
@@ -305,21 +357,31 @@ struct BackwardGrads {
     tma::load_bulk(s.vd + 4 * partial_offset(kDkHeadRows, 0), unit_partial(bp, it) + (kChunk + kDkHeadRows) * kHeadDim,
                    kPartialBlockBytes, &s.partial_dk);
   }
-  // (row, col) of the staged dq, or dk (rows 48..63 at dq's own places: the thread that adds dk's
-  // row there has read dq's before, and stages its own outgoing dq there after).
-  static __device__ __forceinline__ float2 staged_partial(const SharedStorage& s, bool is_k, int row, int col) {
-    return *reinterpret_cast<const float2*>((is_k && row < kDkHeadRows ? s.ar : s.vd) + 4 * partial_offset(row, col));
+  // Byte offset of this thread's float2 at (row, 64 g + acc_col(j, 0)) in a staged sum: partial_offset's
+  // swizzle flips bits 5..7 of the row's offset at j = 0 by 32 j (pair c = 32 g + 4 j + lane % 4,
+  // c ^ 4 (row % 4) = 32 g + 4 (j ^ row % 4) + lane % 4), and row + 8 lies 4096 bytes on (the same
+  // row % 4): one LOP3 an address pair, not the swizzle per element.
+  static __device__ __forceinline__ uint32_t partial_byte_offset(uint32_t row_base, int j) { return row_base ^ (32u * j); }
+  static __device__ __forceinline__ uint32_t partial_row_base(int row, int group) {
+    return 4u * partial_offset(row, 64 * group + acc_col(0, 0));
   }
 
-  // The staged dq (or dk) at this thread's accumulator positions of group g's columns, added to acc.
+  // The staged dq (or dk: rows 48..63 at dq's own places, the thread that adds dk's row there has read
+  // dq's before, and stages its own outgoing dq there after) at this thread's accumulator positions of
+  // group g's columns, added to acc. A thread's rows r, r + 8 lie on one side of row 48.
   static __device__ __forceinline__ void add_staged_partial(const SharedStorage& s, bool is_k, int group, Acc& acc) {
+    const int row = acc_row(0);
+    const unsigned char* tile = is_k && row < kDkHeadRows ? s.ar : s.vd;
+    const uint32_t base = partial_row_base(row, group);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
+      const unsigned char* at = tile + partial_byte_offset(base, j);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float2 x = staged_partial(s, is_k, acc_row(e), 64 * group + acc_col(j, e));
+        const float2 x = *reinterpret_cast<const float2*>(at + (e / 2) * 8 * kHeadDim * 4);
         acc[4 * j + e] += x.x, acc[4 * j + e + 1] += x.y;
       }
+    }
   }
 
   // The running sum staged by run_item (dq in Vd, dVd; dk rows 0..31 in dU, 32..63 in dA_r, dP) to
@@ -357,26 +419,37 @@ struct BackwardGrads {
   // load in turn: the gradient pass +15..+29%).
   static __device__ __forceinline__ void load_inverse(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h,
                                                       int group, Acc32& a_r) {
-    const int64_t first = ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk, row_pitch = p.num_v_heads * kChunk;
-    const bool fp16_rows = p.inverse_rows_fp16;
+    // the thread's two rows (acc_row(0), + 8) from their first column: element (j, e) lies 8 j + e % 2
+    // columns on (immediate offsets); the fp16 / fp32 choice made once, not per element
+    const int64_t row_pitch = p.num_v_heads * kChunk;
+    const int row0 = acc_row(0), col0 = 32 * group + acc_col(0, 0);
+    const int64_t first = ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk + row0 * row_pitch + col0;
+    if (p.inverse_rows_fp16) {  // the pair's word, raw (element 4 j + e + 1 is written by unpack_inverse)
+      const __half* src[2] = {static_cast<const __half*>(p.inverse) + first,
+                              static_cast<const __half*>(p.inverse) + first + 8 * row_pitch};
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
-        float2 x = make_float2(0.f, 0.f);
-        if (row < rows && col <= row) {
-          const int64_t at = first + row * row_pitch + col;
-          if (fp16_rows) {  // the pair's word, raw
-            x.x = __uint_as_float(*reinterpret_cast<const uint32_t*>(static_cast<const __half*>(p.inverse) + at));
-          } else {
-            const float* src = static_cast<const float*>(p.inverse) + at;
-            x = col < row ? *reinterpret_cast<const float2*>(src) : make_float2(*src, 0.f);
-          }
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          a_r[4 * j + e] =
+              row < rows && col <= row ? __uint_as_float(*reinterpret_cast<const uint32_t*>(src[e / 2] + 8 * j)) : 0.f;
         }
-        a_r[4 * j + e] = x.x;
-        a_r[4 * j + e + 1] = x.y;
-      }
+    } else {
+      const float* src[2] = {static_cast<const float*>(p.inverse) + first,
+                             static_cast<const float*>(p.inverse) + first + 8 * row_pitch};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          float2 x = make_float2(0.f, 0.f);
+          if (row < rows && col <= row)
+            x = col < row ? *reinterpret_cast<const float2*>(src[e / 2] + 8 * j) : make_float2(src[e / 2][8 * j], 0.f);
+          a_r[4 * j + e] = x.x;
+          a_r[4 * j + e + 1] = x.y;
+        }
+    }
   }
 
   // load_inverse's fp16 words unpacked in place (a word of zeros is two zeros); the diagonal's right
@@ -413,8 +486,8 @@ struct BackwardGrads {
       const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, dw[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float2 x = unpack_pair<Elem>(aw[w]), y = unpack_pair<Elem>(dw[w]);
-        sum[w % 2] += x.x * y.x + x.y * y.y;
+        const float2 x = unpack(aw[w]), y = unpack(dw[w]);
+        sum[w % 2] = fmaf(x.y, y.y, fmaf(x.x, y.x, sum[w % 2]));  // two FFMA a pair (rounds differently from p + q)
       }
     }
     return sum[0] + sum[1];
@@ -557,7 +630,10 @@ struct BackwardGrads {
     const float row_gate[2] = {s.gcum[acc_row(0)], s.gcum[acc_row(2)]};
 
     // ── Stage A: U, W; P, Pg ───────────────────────────────────────────────────────────────────
-    Acc32 qk;  // P = Q K^T, columns 32 g .., kept for E
+    Acc32 qk;  // P = Q K^T, columns 32 g .., kept for C
+    // G (.) lower mask (i >= j) at qk's positions, formed here for Pg and kept for stage C's dP, dA_r
+    // (the same positions: dPg, dAg are m64n32 over columns 32 g ..)
+    Acc32 gate;
     {
       Acc u;
       wg::fence();
@@ -581,9 +657,20 @@ struct BackwardGrads {
         __syncwarp();  // every lane's reads before the writes (ldmatrix rows are shared across lanes)
         store_panel<64>(panel, 0, [&](int j, int e) { return u[4 * j + e]; });
       }
+      // s G (.) P formed at every position, then selected: unconditional, the gates' loads merge
+      // (LDS.128) and ptxas stops reloading the scale per predicated element (LDC)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = acc_row(e), col = 32 * group + acc_col(j, e);
+          const float g = exp2_approx(row_gate[e / 2] - s.gcum[col]);
+          gate[4 * j + e] = row >= col ? g : 0.f;
+        }
       store_panel<32>(s.pg, 4 * group, [&](int j, int e) {
         const int row = acc_row(e), col = 32 * group + acc_col(j, e);
-        return row >= col ? scale * exp2_approx(row_gate[e / 2] - s.gcum[col]) * qk[4 * j + e] : 0.f;
+        const float pg = scale * gate[4 * j + e] * qk[4 * j + e];
+        return row >= col ? pg : 0.f;
       });
     }
     wg::fence_shared_to_async();
@@ -674,10 +761,13 @@ struct BackwardGrads {
       __syncthreads();
       unsigned char* dv_panel = s.v + group * kPanelBytes;
       store_panel<64>(dv_panel, 0, [&](int j, int e) { return dw[4 * j + e]; });
-      store_panel<64>(s.du + group * kPanelBytes, 0,
-                      [&](int j, int e) { return -exp2_approx(row_gate[e / 2]) * dw[4 * j + e]; });
+      // -Gamma as a value ptxas cannot see through: it otherwise multiplies by e^g and negates each
+      // product apart (FADD -x, -0: F2FP takes no negated operand), 32 instructions more
+      float neg_decay[2] = {-exp2_approx(row_gate[0]), -exp2_approx(row_gate[1])};
+      asm("" : "+f"(neg_decay[0]), "+f"(neg_decay[1]));
+      store_panel<64>(s.du + group * kPanelBytes, 0, [&](int j, int e) { return neg_decay[e / 2] * dw[4 * j + e]; });
       group_sync(group);
-      Tiles::copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
+      copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
                          h * bp.dv_strides.head + 64 * group,
                      bp.dv_strides.token, dv_panel, rows);
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..
@@ -692,9 +782,8 @@ struct BackwardGrads {
 #pragma unroll
           for (int d = 0; d < 2; ++d) {
             const int x = 4 * j + e + d;
-            const float gate = row >= col + d ? exp2_approx(row_gate[e / 2] - s.gcum[col + d]) : 0.f;
-            dp[d] = scale * gate * dpg[x];
-            const float t = dag[x] * gate;  // dAg (.) G
+            dp[d] = scale * gate[x] * dpg[x];
+            const float t = dag[x] * gate[x];  // dAg (.) G
             dar[d] = t * s.beta[col + d];
             const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
             row_e[e / 2] += energy;
@@ -759,7 +848,7 @@ struct BackwardGrads {
       {
         Acc x;
         wg::fence();
-        wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(x, s.ar, kChunk, s.dar, kChunk, false);
+        mma_opaque<64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
         wg::commit();
         issue_first_terms(s, group, dq, dk);  // behind X: they need nothing from D
         wg::commit();
@@ -770,12 +859,12 @@ struct BackwardGrads {
       Acc32 y, kk;
       wg::fence();
       {
-        const uint64_t ar = wg::pinned_descriptor<Major::kK>(s.ar + 32 * group * 128, kChunk);
+        const uint64_t ar = opaque_descriptor<Major::kK>(s.ar + 32 * group * 128, kChunk);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::k_step<Major::kK>(ar, 16 * ks, kChunk), ks > 0);
       }
-      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim, true>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
+      mma_opaque<32, Major::kK, Major::kK, kHeadDim>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(y);
@@ -814,11 +903,11 @@ struct BackwardGrads {
       Acc dk_rest;  // dP^T Q + dM K + dM^T K
       wg::fence();
       {
-        const uint64_t dp = wg::pinned_descriptor<Major::kMN>(s.dp, kChunk);
-        const uint64_t q = wg::pinned_descriptor<Major::kMN>(s.q + group * kPanelBytes, kChunk);
-        const uint64_t dm = wg::pinned_descriptor<Major::kK>(s.ag, kChunk);
-        const uint64_t dm_t = wg::pinned_descriptor<Major::kMN>(s.ag, kChunk);
-        const uint64_t k = wg::pinned_descriptor<Major::kMN>(s.k + group * kPanelBytes, kChunk);
+        const uint64_t dp = opaque_descriptor<Major::kMN>(s.dp, kChunk);
+        const uint64_t q = opaque_descriptor<Major::kMN>(s.q + group * kPanelBytes, kChunk);
+        const uint64_t dm = opaque_descriptor<Major::kK>(s.ag, kChunk);
+        const uint64_t dm_t = opaque_descriptor<Major::kMN>(s.ag, kChunk);
+        const uint64_t k = opaque_descriptor<Major::kMN>(s.k + group * kPanelBytes, kChunk);
 #pragma unroll
         for (int k0 = 0; k0 < kChunk; k0 += 16) {
           wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dp, k0, kChunk),
@@ -862,16 +951,22 @@ struct BackwardGrads {
       // The running sum for the group's next v-head, staged for run()'s bulk store: dq in Vd, dVd
       // (rows 48..63 where this thread read dk's rows 48..63); dk's rows 0..31 in dU, 32..47 in place
       // in dA_r, 48..63 in dP.
+      {
+        const int row = acc_row(0);  // and row + 8: one side of row 32
+        const uint32_t base = partial_row_base(row, group);
+        // dk's rows 32.. at row - 32 of dA_r, dP: row % 4 is unchanged, so the offset is base's less 32 rows
+        unsigned char* dk_rows = row < kChunk / 2 ? s.du : s.dar - kChunk / 2 * kHeadDim * 4;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-          *reinterpret_cast<float2*>(s.vd + 4 * partial_offset(row, col)) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
-          unsigned char* dk_rows = row < kChunk / 2 ? s.du : s.dar;
-          *reinterpret_cast<float2*>(dk_rows + 4 * partial_offset(row % (kChunk / 2), col)) =
-              make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
-        }
+          for (int e = 0; e < 4; e += 2) {
+            const int half_off = (e / 2) * 8 * kHeadDim * 4;
+            *reinterpret_cast<float2*>(s.vd + partial_byte_offset(base, j) + half_off) =
+                make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+            *reinterpret_cast<float2*>(dk_rows + partial_byte_offset(base, j) + half_off) =
+                make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+          }
+      }
       wg::fence_shared_to_async();  // for the bulk store after run()'s barrier
     } else if (bp.direct_qk || bp.group_sums) {
       // dq, dk in q's dtype (h is its own q/k head, or the group's last v-head writes the sums):
@@ -883,23 +978,26 @@ struct BackwardGrads {
       store_panel<64>(dk_panel, 0, [&](int j, int e) { return dk[4 * j + e]; });
       group_sync(group);
       const int head = bp.direct_qk ? h : it.hk;
-      Tiles::copy_rows(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
+      copy_rows(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
                          head * bp.dq_strides.head + 64 * group,
                      bp.dq_strides.token, dq_panel, rows);
-      Tiles::copy_rows(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
+      copy_rows(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
                          head * bp.dk_strides.head + 64 * group,
                      bp.dk_strides.token, dk_panel, rows);
-    } else {  // every v-head's dq, dk in fp32, summed by qk_grads
+    } else {  // every v-head's dq, dk in fp32, summed by qk_grads (a row's pointer once, its columns by immediates)
+      const int64_t first = ((b * p.seqlen + t0 + acc_row(0)) * p.num_v_heads + h) * kHeadDim + 64 * group + acc_col(0, 0);
+      const int64_t row8 = 8 * static_cast<int64_t>(p.num_v_heads) * kHeadDim;  // row + 8
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int e = 0; e < 4; e += 2) {
+        if (acc_row(e) >= rows) continue;
+        float* const dq_row = bp.dq_heads + first + (e / 2) * row8;
+        float* const dk_row = bp.dk_heads + first + (e / 2) * row8;
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int row = acc_row(e), col = 64 * group + acc_col(j, e);
-          if (row >= rows) continue;
-          const int64_t out = ((b * p.seqlen + t0 + row) * p.num_v_heads + h) * kHeadDim + col;
-          *reinterpret_cast<float2*>(bp.dq_heads + out) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
-          *reinterpret_cast<float2*>(bp.dk_heads + out) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<float2*>(dq_row + 8 * j) = make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
+          *reinterpret_cast<float2*>(dk_row + 8 * j) = make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
         }
+      }
     }
     timeline_mark(p, group, it.ordinal, 9);
     if (warp == 0) store_dg(bp, s, it, gamma);
