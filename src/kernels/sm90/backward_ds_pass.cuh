@@ -99,7 +99,11 @@ struct BackwardDsPass {
   using Aux = typename Rs::Aux;
   using Tiles = typename Rs::Tiles;
   using Slot = typename Rs::Slot;
-  using SharedStorage = typename Rs::SharedStorage;
+  // v4's storage and, per state group, the staging's mbarrier: its 128 threads arrive once their copy
+  // has read the staging, and wait for that (the previous chunk's) before their stmatrix
+  struct SharedStorage : Rs::SharedStorage {
+    alignas(8) uint64_t staging_read[2];
+  };
   using Acc = typename Rs::Acc;
   using StateAcc = typename Rs::StateAcc;
   using Fragments = typename Rs::Fragments;
@@ -119,16 +123,46 @@ struct BackwardDsPass {
     return ring;
   }
 
-  // Elem x 8 of a 16-byte unit times `factor`, from `from` to `to` (the same address: in place).
-  static __device__ __forceinline__ void scale_unit(const unsigned char* from, unsigned char* to, float factor) {
+  // A factor as a pair of Elem pairs (hi, lo: factor ~ hi + lo to ~2^-17) for scale_unit.
+  struct PackedFactor {
+    uint32_t hi, lo;
+  };
+  static __device__ __forceinline__ PackedFactor packed_factor(float f0, float f1) {
+    // each half from its own scalar rounding (no unpacking of the packed pair: ptxas then reads
+    // the halves by operand selectors)
+    const Elem h0 = Elem(f0), h1 = Elem(f1);
+    const Elem l0 = Elem(f0 - static_cast<float>(h0)), l1 = Elem(f1 - static_cast<float>(h1));
+    PackedFactor f;
+    f.hi = static_cast<uint32_t>(elem_bits(h0)) | static_cast<uint32_t>(elem_bits(h1)) << 16;
+    f.lo = static_cast<uint32_t>(elem_bits(l0)) | static_cast<uint32_t>(elem_bits(l1)) << 16;
+    return f;
+  }
+  static __device__ __forceinline__ unsigned short elem_bits(Elem x) {
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return __bfloat16_as_ushort(x);
+    else return __half_as_ushort(x);
+  }
+  // x (.) f for an Elem pair: x lo rounded, then fma(x, hi, that) rounded once (so the product is
+  // x f to ~2^-16 before its one rounding, as the fp32 product's)
+  static __device__ __forceinline__ uint32_t scale_pair(uint32_t x, PackedFactor f) {
+    using Pair = std::conditional_t<std::is_same_v<Elem, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    const Pair xv = *reinterpret_cast<const Pair*>(&x), hi = *reinterpret_cast<const Pair*>(&f.hi),
+               lo = *reinterpret_cast<const Pair*>(&f.lo);
+    const Pair out = __hfma2(hi, xv, __hmul2(lo, xv));
+    return *reinterpret_cast<const uint32_t*>(&out);
+  }
+  // Elem x 8 of a 16-byte unit times factor pairs (f[w] for word w), from `from` to `to` (in place if equal).
+  static __device__ __forceinline__ void scale_unit(const unsigned char* from, unsigned char* to,
+                                                    const PackedFactor (&f)[4]) {
     uint4 unit = *reinterpret_cast<const uint4*>(from);
     uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = unpack_pair<Elem>(words[i]);
-      words[i] = pack_pair<Elem>(factor * x.x, factor * x.y);
-    }
+    for (int w = 0; w < 4; ++w) words[w] = scale_pair(words[w], f[w]);
     *reinterpret_cast<uint4*>(to) = unit;
+  }
+  static __device__ __forceinline__ void scale_unit(const unsigned char* from, unsigned char* to, float factor) {
+    const PackedFactor f = packed_factor(factor, factor);
+    const PackedFactor fs[4] = {f, f, f, f};
+    scale_unit(from, to, fs);
   }
 
   // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units). The
@@ -137,30 +171,36 @@ struct BackwardDsPass {
   // of row r holds columns 8 (u ^ (r % 8)) ...
   static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, float scale) {
     const int r = Tiles::acc_row(0), tid = threadIdx.x % 128;
-    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    float log2_scale;  // s 2^x = 2^(x + log2 s): P's scale inside its exponent
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(log2_scale) : "f"(scale));
+    const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
     float g_col[16];
     Aux::column_values(gcum, g_col);
-    Aux::product_p(slot, g_rows, g_col, scale);  // its wgmmas are done: Q may change below
+    Aux::product_p(slot, g_rows, g_col);  // its wgmmas are done: Q may change below
     const float gamma = gcum[kChunk - 1];
-#pragma unroll 2
-    for (int i = 0; i < 2 * kPanelBytes / 16 / 128; ++i) {  // K, Q: 2 panels of 64 rows x 8 units
-      const uint32_t at = 16 * (tid + 128 * i);
-      const int row = (at % kPanelBytes) / 128;
-      scale_unit(slot.k + at, slot.w_neg + at, exp2_approx(gamma - gcum[row]));
-      scale_unit(slot.q + at, slot.q + at, scale * exp2_approx(gcum[row]));
-    }
+    // K, Q: unit tid + 128 i of panel p is row tid / 8 + 16 i (i < 4): one pair of factors for both panels
 #pragma unroll
-    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {  // Ag: one panel
-      const uint32_t at = 16 * (tid + 128 * i);
-      const int row = at / 128, col0 = 8 * (((at / 16) % 8) ^ (row % 8));
-      uint4 unit = *reinterpret_cast<const uint4*>(slot.ag + at);
-      uint32_t* words = reinterpret_cast<uint32_t*>(&unit);
+    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
+      const float g = gcum[tid / 8 + 16 * i];
+      const float k_factor = exp2_approx(gamma - g), q_factor = scale * exp2_approx(g);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 x = unpack_pair<Elem>(words[w]);
-        words[w] = pack_pair<Elem>(-exp2_approx(gcum[col0 + 2 * w]) * x.x, -exp2_approx(gcum[col0 + 2 * w + 1]) * x.y);
+      for (int panel = 0; panel < 2; ++panel) {
+        const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
+        scale_unit(slot.k + at, slot.w_neg + at, k_factor);
+        scale_unit(slot.q + at, slot.q + at, q_factor);
       }
-      *reinterpret_cast<uint4*>(slot.ag + at) = unit;
+    }
+    // Ag: unit tid + 128 i is row tid / 8 + 16 i, unit tid % 8, so columns 8 ((tid % 8) ^ ((tid / 8) % 8)) ..
+    // for every i: eight column factors a chunk
+    const int col0 = 8 * ((tid % 8) ^ ((tid / 8) % 8));
+    PackedFactor neg_decay[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+      neg_decay[w] = packed_factor(-exp2_approx(gcum[col0 + 2 * w]), -exp2_approx(gcum[col0 + 2 * w + 1]));
+#pragma unroll
+    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
+      const uint32_t at = 16 * (tid + 128 * i);
+      scale_unit(slot.ag + at, slot.ag + at, neg_decay);
     }
   }
 
@@ -181,32 +221,44 @@ struct BackwardDsPass {
     const bool save_states = bp.chunk_grad_states != nullptr;
 
     const int64_t last_chunk_id = item.first_chunk_id + num_chunks - 1;
+    // Slot 0's shared address / 16 (descriptor words: slot buf's tile t is this + buf sizeof(Slot) / 16
+    // + offsetof(t) / 16, constants but for buf)
+    const uint32_t slot0_word = (smem_addr(&s.slot[0]) & 0x3FFFF) >> 4;
+    // dS^T leaving chunk chunk_id goes to grad_rows, one [hv][128][128] block back a chunk
+    Elem* grad_rows =
+        save_states ? Rs::group_rows(bp.chunk_grad_states, last_chunk_id, p.num_v_heads, h, group) : nullptr;
+    const int64_t grad_step = static_cast<int64_t>(p.num_v_heads) * kHeadDim * kHeadDim;
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int64_t chunk_id = last_chunk_id - c;
-      if (save_states) {  // dS^T leaving chunk chunk_id
-        if (c > 0) Aux::group_sync(2 + group);  // the previous chunk's copy has read the staging
+      if (save_states) {  // dS^T leaving the chunk (chunk id last_chunk_id - c)
+        if (c > 0) tma::wait(&s.staging_read[group], static_cast<uint32_t>((c - 1) & 1));  // the last copy's reads
         Rs::stage_state(s.o[group], dt_frag);
-        Aux::group_sync(2 + group);
       }
       const int buf = Rs::wait_ready(p, s.ready, c);
-      const Slot& slot = s.slot[buf];
-      const unsigned char* d_o = slot.v + group * kPanelBytes;  // dO came in V's boxes
+      const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
+      const uint32_t w_neg_w = slot_word + offsetof(Slot, w_neg) / 16,
+                     d_o_w = slot_word + offsetof(Slot, v) / 16 + group * (kPanelBytes / 16),
+                     p_w = slot_word + offsetof(Slot, p) / 16, ag_w = slot_word + offsetof(Slot, ag) / 16,
+                     k_w = slot_word + offsetof(Slot, k) / 16, q_w = slot_word + offsetof(Slot, q) / 16;
 
       // dVd^T = D^T (rho K)^T + dO^T (s P)
       Acc dvd;
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
+        wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::descriptor_from_word<Major::kK>(w_neg_w, 16 * ks, kChunk),
                                         ks > 0);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
-                                                     wg::descriptor<Major::kMN>(slot.p, k0, kChunk), true);
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor_from_word<Major::kMN>(d_o_w, k0, kChunk),
+                                                     wg::descriptor_from_word<Major::kMN>(p_w, k0, kChunk), true);
       wg::commit();
-      if (save_states)
-        Rs::copy_staged_state(Rs::group_rows(bp.chunk_grad_states, chunk_id, p.num_v_heads, h, group), s.o[group]);
+      if (save_states) {
+        Aux::group_sync(2 + group);  // the group's stmatrix, before the copy's reads (here: under the wgmmas)
+        Rs::copy_staged_state(grad_rows, s.o[group]);
+        tma::arrive(&s.staging_read[group]);
+        grad_rows -= grad_step;
+      }
       wg::wait<0>();
       wg::fence_operand(dvd);
       Fragments dvd_frag[4];
@@ -217,25 +269,29 @@ struct BackwardDsPass {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::descriptor<Major::kMN>(slot.ag, 16 * ks, kChunk), ks > 0);
+        wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::descriptor_from_word<Major::kMN>(ag_w, 16 * ks, kChunk), ks > 0);
       wg::commit();
+      {  // D^T *= e^gamma under dU's wgmmas (D^T is no operand of theirs); the volatile load keeps it after their issue
+        float g;
+        asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(g) : "r"(smem_addr(&s.gcum[buf][kChunk - 1])) : "memory");
+        const float decay = exp2_approx(g);
+#pragma unroll
+        for (int x = 0; x < 64; ++x) dt[x] *= decay;
+      }
       wg::wait<0>();
       wg::fence_operand(du);
       Fragments du_frag[4];
       wg::to_fragments<Elem, 4>(du, du_frag);
 
       // D^T = e^gamma D^T + dU^T K + dO^T (s Gamma Q)
-      const float decay = exp2_approx(s.gcum[buf][kChunk - 1]);
-#pragma unroll
-      for (int x = 0; x < 64; ++x) dt[x] *= decay;
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::descriptor<Major::kMN>(slot.k, 16 * ks, kChunk), true);
+        wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::descriptor_from_word<Major::kMN>(k_w, 16 * ks, kChunk), true);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::descriptor<Major::kMN>(d_o, k0, kChunk),
-                                                      wg::descriptor<Major::kMN>(slot.q, k0, kChunk), true);
+        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::descriptor_from_word<Major::kMN>(d_o_w, k0, kChunk),
+                                                      wg::descriptor_from_word<Major::kMN>(q_w, k0, kChunk), true);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(dt);
@@ -251,7 +307,11 @@ struct BackwardDsPass {
     const ForwardParams& p = bp.fwd;
     const int h = blockIdx.y;
     if (!backward_item(bp, blockIdx.x, h).valid) return;
-    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
+    if (threadIdx.x == 0) {
+      tma::barrier_init(&s.staging_read[0], 128);
+      tma::barrier_init(&s.staging_read[1], 128);
+      tma::init_ring(s.ready, s.free, 128, 256);
+    }
     __syncthreads();
     const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (role == 0) {

@@ -524,12 +524,14 @@ struct FusedForwardRs {
       stmatrix_x4(Tiles::fragment_rows(staging + (ks / 4) * kPanelBytes, 0, 2 * (ks % 4)), frag[ks]);
   }
   static __device__ __forceinline__ void copy_staged_state(Elem* out_rows, const unsigned char* staging) {
+    // vector t + 128 i is row t / 16 + 8 i, vec t % 16: 8 rows on, the same swizzle (row % 8), so both
+    // addresses are thread t's first plus a constant (immediate offsets)
+    const int t = threadIdx.x % 128, row = t / 16, vec = t % 16;
+    Elem* dst = out_rows + 8 * t;
+    const unsigned char* src = staging + (vec / 8) * kPanelBytes + wg::swizzled_offset(row, (vec % 8) * 8);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int v = threadIdx.x % 128 + 128 * i, row = v / 16, vec = v % 16;
-      *reinterpret_cast<uint4*>(out_rows + row * kHeadDim + vec * 8) =
-          *reinterpret_cast<const uint4*>(staging + (vec / 8) * kPanelBytes + wg::swizzled_offset(row, (vec % 8) * 8));
-    }
+    for (int i = 0; i < 8; ++i)
+      *reinterpret_cast<uint4*>(dst + 8 * i * kHeadDim) = *reinterpret_cast<const uint4*>(src + 8 * i * 128);
   }
   // Group `group`'s first row of the [128][128] block of (chunk id, h) in a per-chunk state table.
   static __device__ __forceinline__ Elem* group_rows(void* table, int64_t chunk_id, int num_v_heads, int h,

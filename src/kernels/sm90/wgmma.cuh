@@ -66,6 +66,17 @@ __device__ __forceinline__ uint64_t descriptor(const void* tile, int k0, int row
   return uint64_t{kHighWord} << 32 | (tile_word + (slice_offset<kMajor>(k0, rows) >> 4));
 }
 
+// descriptor() from the tile's shared address already encoded (tile_word = (address & 0x3FFFF) >> 4,
+// formed once outside a loop and advanced by constants): the k-step's descriptor is one add of an
+// immediate to it, with no masking chain per tile.
+template <Major kMajor>
+__device__ __forceinline__ uint64_t descriptor_from_word(uint32_t tile_word, int k0, int rows) {
+  const uint32_t lead = kMajor == Major::kK ? 16u : static_cast<uint32_t>(rows * 128);
+  constexpr uint32_t kHighWord = 1u << 30 | 1024 >> 4;
+  return uint64_t{kHighWord} << 32 |
+         (tile_word + (static_cast<uint32_t>(encode(lead)) << 16) + (slice_offset<kMajor>(k0, rows) >> 4));
+}
+
 // A product's descriptor at k0 = 0, pinned where the product starts (an empty asm): ptxas neither
 // hoists it nor shares it with another product, so it is live for that product only; its k-steps
 // are k_step(). For the gradient pass at 255 registers, where descriptor()'s tile words, shared
