@@ -31,8 +31,8 @@ cudaError_t launch_chunk_inverse_grid(const ForwardParams& grouped, cudaStream_t
                                       cudaSharedmemCarveoutMaxShared);
       err != cudaSuccess)
     return err;
-  const dim3 grid(static_cast<unsigned>(grouped.max_chunks),
-                  grouped.num_qk_heads * Kernel::groups_per_qk_head(grouped));
+  const dim3 grid(static_cast<unsigned>(grouped.max_chunks), Kernel::groups_per_qk_head(grouped),
+                  grouped.num_qk_heads);
   return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, grouped);
 }
 

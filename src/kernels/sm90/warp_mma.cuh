@@ -312,6 +312,13 @@ struct SplitTile {
     *reinterpret_cast<uint32_t*>(&hi[row * kPitch + col]) = h;
     *reinterpret_cast<uint32_t*>(&lo[row * kPitch + col]) = l;
   }
+  // store_pair(row, col, -x0, -x1) bit for bit: the split of -x is (-hi, -lo), its sign bits flipped.
+  __device__ __forceinline__ void store_pair_negated(int row, int col, float x0, float x1) {
+    uint32_t h, l;
+    split_pair(x0, x1, h, l);
+    *reinterpret_cast<uint32_t*>(&hi[row * kPitch + col]) = h ^ 0x80008000u;
+    *reinterpret_cast<uint32_t*>(&lo[row * kPitch + col]) = l ^ 0x80008000u;
+  }
   __device__ __forceinline__ float value(int row, int col) const {
     return __bfloat162float(hi[row * kPitch + col]) + __bfloat162float(lo[row * kPitch + col]);
   }
@@ -345,6 +352,25 @@ struct SplitTile {
     f.hi[0] = r[0], f.hi[1] = r[1], f.lo[0] = r[2], f.lo[1] = r[3];
   }
   static __device__ __forceinline__ B as_b(const float (&acc)[4]) { return accumulator_as_b(acc); }
+  // The fragments' lane offsets (elements from hi), computed once so that a fragment at a compile-time
+  // block is one ldmatrix at a register plus an immediate (a_fragment_at, b_fragment_at).
+  static __device__ __forceinline__ int a_lane() {
+    const int lane = threadIdx.x % 32;
+    return (lane % 16) * kPitch + (lane / 16) * 8;
+  }
+  static __device__ __forceinline__ int b_lane() {  // matrices hi k0.., hi k0 + 8.., lo k0.., lo k0 + 8..
+    const int lane = threadIdx.x % 32, m = lane / 8;
+    return (m < 2 ? 0 : kRows * kPitch) + (8 * (m % 2) + lane % 8) * kPitch;
+  }
+  __device__ __forceinline__ void a_fragment_at(SplitA& f, int a_lane, int m0, int k0) const {
+    ldmatrix_x4(f.hi, hi + a_lane + m0 * kPitch + k0);
+    ldmatrix_x4(f.lo, lo + a_lane + m0 * kPitch + k0);
+  }
+  __device__ __forceinline__ void b_fragment_at(SplitB& f, int b_lane, int k0, int n0) const {
+    uint32_t r[4];
+    ldmatrix_x4_trans(r, reinterpret_cast<const __nv_bfloat16*>(this) + b_lane + k0 * kPitch + n0);
+    f.hi[0] = r[0], f.hi[1] = r[1], f.lo[0] = r[2], f.lo[1] = r[3];
+  }
 };
 
 // The same products in plain fp16 (one mma a product, fp32 accumulation; operands rounded to fp16's
@@ -375,6 +401,12 @@ struct HalfTile {
   __device__ __forceinline__ void store_pair(int row, int col, float x0, float x1) {
     *reinterpret_cast<__half2*>(&v[row * kPitch + col]) = __floats2half2_rn(x0, x1);
   }
+  // store_pair(row, col, -x0, -x1) bit for bit (fp16 rounding is sign-symmetric): one sign-bit flip
+  // of the packed pair instead of two negations.
+  __device__ __forceinline__ void store_pair_negated(int row, int col, float x0, float x1) {
+    const __half2 pair = __floats2half2_rn(x0, x1);
+    *reinterpret_cast<uint32_t*>(&v[row * kPitch + col]) = *reinterpret_cast<const uint32_t*>(&pair) ^ 0x80008000u;
+  }
   // kCount = 4 or 8 values from (row, col) on, col a multiple of kCount: one vector read.
   template <int kCount>
   __device__ __forceinline__ void values(int row, int col, float (&x)[kCount]) const {
@@ -389,6 +421,10 @@ struct HalfTile {
       x[2 * i + 1] = pair.y;
     }
   }
+  // The 8 fp16 values from (row, col) on (col a multiple of 8) as they are stored: one 16-byte read.
+  __device__ __forceinline__ uint4 raw16(int row, int col) const {
+    return *reinterpret_cast<const uint4*>(&v[row * kPitch + col]);
+  }
   // The A fragment of the 16x16 block at (m0, k0).
   __device__ __forceinline__ void a_fragment(A& f, int m0, int k0) const {
     load_a<Stored::kRowMajor>(f.v, v, kPitch, m0, k0);
@@ -396,6 +432,18 @@ struct HalfTile {
   // The B fragment of the 16x8 block at (k0, n0): rows k0 .. k0 + 15 by one ldmatrix.x2.trans.
   __device__ __forceinline__ void b_fragment(B& f, int k0, int n0) const {
     ldmatrix_x2_trans(f.v, v + (k0 + threadIdx.x % 16) * kPitch + n0);
+  }
+  // The fragments' lane offsets, as SplitTile's.
+  static __device__ __forceinline__ int a_lane() {
+    const int lane = threadIdx.x % 32;
+    return (lane % 16) * kPitch + (lane / 16) * 8;
+  }
+  static __device__ __forceinline__ int b_lane() { return (threadIdx.x % 16) * kPitch; }
+  __device__ __forceinline__ void a_fragment_at(A& f, int a_lane, int m0, int k0) const {
+    ldmatrix_x4(f.v, v + a_lane + m0 * kPitch + k0);
+  }
+  __device__ __forceinline__ void b_fragment_at(B& f, int b_lane, int k0, int n0) const {
+    ldmatrix_x2_trans(f.v, v + b_lane + k0 * kPitch + n0);
   }
   // A [16,8] fp32 accumulator as the B fragment of a next product whose k runs over its rows: C's
   // pairs (row r, columns 2c, 2c + 1) transposed by movmatrix into B's (rows k = 2c, 2c + 1, column
