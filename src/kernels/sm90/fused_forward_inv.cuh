@@ -99,6 +99,7 @@ struct FusedForwardInv {
     alignas(16) float beta[kKeyStages][kChunk];
     alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
     alignas(16) float rho[kKeyStages][kChunk];    // 2^(gcum[63] - gcum[t])
+    alignas(16) float o_scale[kKeyStages][kChunk];  // proto P8: p.scale 2^gcum[t] (a folded chunk's o columns)
     alignas(16) float x_scale[kChunk];              // beta_t 2^(-gcum[t]) of the aux's chunk (folded chunks)
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
@@ -117,22 +118,28 @@ struct FusedForwardInv {
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
     __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
     __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
+    const float* o_scale_t;
     __device__ __forceinline__ float decay(int t) const { return decay_t[t]; }
+    __device__ __forceinline__ float scaled_decay(int t, float) const { return o_scale_t[t]; }
   };
   static __device__ __forceinline__ GateTables gate_tables(const SharedStorage& s, int stage) {
-    return {s.gcum[stage], s.decay[stage], s.rho[stage]};
+    return {s.gcum[stage], s.decay[stage], s.rho[stage], s.o_scale[stage]};
   }
   // Aux thread i: 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]), into key stage `stage`'s tables,
   // and in a folded chunk beta_i 2^-gcum[i] (i < 64: the columns of X' = X diag(beta 2^-gcum), which
   // the inverse's stages read after the group's barrier that `folded` adds).
-  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int stage, bool folded) {
+  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int stage, bool folded, float scale) {
     const int i = threadIdx.x % 128, t = i % kChunk;
     const float g = s.gcum[stage][t];
     if (i < kChunk) {
-      s.decay[stage][t] = exp2_approx(g);
-      if (folded) s.x_scale[t] = s.beta[stage][t] * exp2_approx(-g);
+      const float d = exp2_approx(g);
+      s.decay[stage][t] = d;
+      s.o_scale[stage][t] = scale * d;
     } else {
-      s.rho[stage][t] = exp2_approx(s.gcum[stage][kChunk - 1] - g);
+      const float rho = exp2_approx(s.gcum[stage][kChunk - 1] - g);
+      s.rho[stage][t] = rho;
+      // proto P5: X'' = X diag(beta rho), so that W^T X''^T = (rho Vd)^T (the update's operand as it is)
+      if (folded) s.x_scale[t] = s.beta[stage][t] * rho;
     }
     if (folded) Aux::group_sync(Aux::kAuxBarrier);
   }
@@ -151,10 +158,7 @@ struct FusedForwardInv {
   // K K^T of a chunk's keys (m64n64 accumulator, wgmma.cuh layout).
   static __device__ __forceinline__ void product_kk(const unsigned char* k, Acc& kk) {
     wg::fence();
-#pragma unroll
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(kk, wg::descriptor<Major::kK>(k, k0, kChunk),
-                                                 wg::descriptor<Major::kK>(k, k0, kChunk), k0 > 0);
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(kk, k, kChunk, k, kChunk, false);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(kk);
@@ -197,8 +201,8 @@ struct FusedForwardInv {
 
     constexpr uint32_t kGateBytes = kChunk * sizeof(float);
     const uint32_t slot_bytes = kPanelBytes * ((with_o ? 2 : 0) + (load_v ? 2 : 0));
-    auto issue_keys = [&](int64_t c) {  // thread 0
-      const int stage = static_cast<int>(c % kKeyStages), t0 = static_cast<int>(item.bos + c * kChunk);
+    auto issue_keys = [&](int64_t c, int stage) {  // thread 0; stage = c % kKeyStages
+      const int t0 = static_cast<int>(item.bos + c * kChunk);
       uint64_t* landed = &s.keys_loaded[stage];
       const float* record = p.chunk_gates + ((item.first_chunk_id + c) * p.num_v_heads + h) * 2 * kChunk;
       tma::arrive_expect_bytes(landed, 2 * kPanelBytes + 2 * kGateBytes);
@@ -219,18 +223,20 @@ struct FusedForwardInv {
     timeline_mark(p, 0, 1, 10);
     if (fused_forward_starts_early(p)) wait_for_previous_grid();  // the gate records
     if (threadIdx.x == 0 && num_chunks > 0) {  // chunk 0's keys and slot, chunk 1's keys
-      issue_keys(0);
+      issue_keys(0, 0);
       issue_slot(0);
-      if (num_chunks > 1) issue_keys(1);
+      if (num_chunks > 1) issue_keys(1, 1);
     }
     timeline_mark(p, 0, 1, 11);
+    int stage = 0;               // c % kKeyStages
+    uint32_t key_phase = 0;      // (c / kKeyStages) & 1
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1), stage = static_cast<int>(c % kKeyStages);
+      const int buf = static_cast<int>(c & 1);
       const int rows = Aux::chunk_rows(item, c);
       timeline_mark(p, 0, c, 0);
       timeline_mark(p, 0, c, 1);
-      tma::wait(&s.keys_loaded[stage], static_cast<uint32_t>((c / kKeyStages) & 1));
+      tma::wait(&s.keys_loaded[stage], key_phase);
       if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
         Rs::zero_rows(s.k[stage], 2, rows);
         tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
@@ -241,7 +247,7 @@ struct FusedForwardInv {
       }
       // a folded chunk's X' = X diag(beta 2^-gcum) also in bf16 into slot.ag, for the state groups' Vd wgmma
       const bool folds = folds_gates(s.gcum[stage]);
-      write_gate_tables(s, stage, folds);  // decay, rho read after ready
+      write_gate_tables(s, stage, folds, p.scale);  // decay, rho read after ready
       timeline_mark(p, 0, c, 2);
       {
         Acc kk;
@@ -250,8 +256,7 @@ struct FusedForwardInv {
         Inverse::store_l(s.inverse, kk, s.beta[stage]);
       }
       timeline_mark(p, 0, c, 4);
-      const typename Inverse::ScaledCopy copy =
-          folds ? typename Inverse::ScaledCopy{s.slot[buf].ag, s.x_scale} : typename Inverse::ScaledCopy{};
+      const typename Inverse::ScaledCopy copy{s.slot[buf].ag, s.x_scale, folds};
       Inverse::invert(s.inverse, s.x[buf], copy, Aux::kAuxBarrier, [&](int step) { timeline_mark(p, 0, c, 8 + step); });
       timeline_mark(p, 0, c, 5);
       if (folds) wg::fence_shared_to_async();  // else X is read by ldmatrix (no proxy fence)
@@ -260,12 +265,12 @@ struct FusedForwardInv {
       if (c + 1 < num_chunks) {
         // The whole group waits: chunk c+1's X goes into x[(c-1) % 2], which chunk c-1's Ag was formed from.
         if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
-        if (threadIdx.x == 0) {
-          issue_slot(c + 1);
-          if (c + 2 < num_chunks) issue_keys(c + 2);
-        }
+        // proto T1: the two issues on two warps (each warp's lag behind the group halves)
+        if (threadIdx.x == 0) issue_slot(c + 1);
+        if (threadIdx.x == 32 && c + 2 < num_chunks) issue_keys(c + 2, stage == 0 ? kKeyStages - 1 : stage - 1);
       }
       __syncwarp();
+      if (++stage == kKeyStages) stage = 0, key_phase ^= 1;
     }
     timeline_mark(p, 0, 0, 11);
   }
@@ -329,14 +334,16 @@ struct FusedForwardInv {
                                                       int group) {
     const int r = Tiles::acc_row(0);
     const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    // proto P5 (folded): P' = 2^-gamma mask(Q K^T), since O's operand is (rho Vd)^T = 2^gamma Vd'^T
+    [[maybe_unused]] const float inv_gamma = kFolded ? exp2_approx(-gcum[kChunk - 1]) : 1.f;
 #pragma unroll
     for (int j = 0; j < 4; j += 2) {
       uint32_t regs[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const int jj = j + m / 2, e = 2 * (m % 2), row = Tiles::acc_row(e), col = 32 * group + Tiles::acc_col(jj, e);
-        const float g0 = kFolded ? 1.f : exp2_approx(g_rows[e / 2] - gcum[col]);
-        const float g1 = kFolded ? 1.f : exp2_approx(g_rows[e / 2] - gcum[col + 1]);
+        const float g0 = kFolded ? inv_gamma : exp2_approx(g_rows[e / 2] - gcum[col]);
+        const float g1 = kFolded ? inv_gamma : exp2_approx(g_rows[e / 2] - gcum[col + 1]);
         const float p0 = row >= col ? g0 * qk[4 * jj + e] : 0.f;
         const float p1 = row >= col + 1 ? g1 * qk[4 * jj + e + 1] : 0.f;
         regs[m] = pack_pair<Elem>(p0, p1);
@@ -366,10 +373,13 @@ struct FusedForwardInv {
       // product reading them runs, and beside W they would not fit).
       Acc u, o;
       wg::fence();
+      {
+        const uint64_t k0 = wg::pinned_descriptor<Major::kK>(k, kChunk);
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::descriptor<Major::kK>(k, 16 * ks, kChunk), ks > 0);
-      if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
+        for (int ks = 0; ks < 8; ++ks)
+          wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::k_step<Major::kK>(k0, 16 * ks, kChunk), ks > 0);
+      }
+      if constexpr (kWithO) Rs::template issue_qs<true>(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -393,9 +403,12 @@ struct FusedForwardInv {
         }
         timeline_mark(p, 1, c, 6);
         wg::fence();  // the fragment registers were just written
+        {
+          const uint64_t ag0 = wg::pinned_descriptor<Major::kK>(slot.ag, kChunk);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wg::mma_rs<Elem, 64, Major::kK>(vd, w[ks], wg::descriptor<Major::kK>(slot.ag, 16 * ks, kChunk), ks > 0);
+          for (int ks = 0; ks < 4; ++ks)
+            wg::mma_rs<Elem, 64, Major::kK>(vd, w[ks], wg::k_step<Major::kK>(ag0, 16 * ks, kChunk), ks > 0);
+        }
         if constexpr (kWithO) {
 #pragma unroll
           for (int k0 = 0; k0 < kHeadDim; k0 += 16)
@@ -404,6 +417,15 @@ struct FusedForwardInv {
                 wg::descriptor<Major::kK>(k + 32 * group * 128, k0, kChunk), k0 > 0);
         }
         wg::commit();
+        // S^T *= e^gamma while Vd^T and Q K^T run (S^T is no operand of theirs; its fragments were read
+        // by U^T and QS^T, waited above): off the chain between Vd's wait and the update's issue.
+        {
+          wg::fence_operand(st);
+          const float decay = exp2_approx(gcum[kChunk - 1]);
+#pragma unroll
+          for (int x = 0; x < 64; ++x) st[x] *= decay;
+          wg::fence_operand(st);
+        }
         wg::wait<0>();
       }
       wg::fence_operand(vd);
@@ -418,7 +440,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true, true>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
                                                group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

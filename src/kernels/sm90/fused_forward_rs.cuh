@@ -337,6 +337,7 @@ struct FusedForwardRs {
       return {exp2_approx(gamma() - g.x), exp2_approx(gamma() - g.y)};
     }
     __device__ __forceinline__ float decay(int t) const { return exp2_approx(gcum[t]); }
+    __device__ __forceinline__ float scaled_decay(int t, float scale) const { return scale * decay(t); }
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
@@ -362,7 +363,8 @@ struct FusedForwardRs {
   // Fold::kVd (v5) where vd holds Vd' = Vd diag(2^-gcum) already: (rho Vd)^T = 2^gamma Vd'^T (one
   // factor) and Vd'^T is O's operand as it is; Fold::kP (v4) where vd is Vd: O's operand is Vd^T
   // diag(rho 2^-gamma) (rho from the gates, as the update's).
-  template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, typename Gates, typename BeforeUpdate>
+  template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, bool kPinned = false, bool kStateDecayed = false,
+            typename Gates, typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -386,14 +388,15 @@ struct FusedForwardRs {
           }
         }
     } else if (kFold == Fold::kVd && folded) {
-      const float rho = exp2_approx(gates.gamma());  // every token's: 2^(gamma - gcum) 2^gcum
+      // proto P5: vd holds (rho Vd)^T (X'' = X diag(beta rho)); O's operand is the same fragments, its
+      // 2^-gamma carried by P
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int x = 8 * ks + 2 * q;
-          vd_decayed[ks][q] = pack_pair<Elem>(rho * vd[x], rho * vd[x + 1]);
-          if constexpr (kWithO) vd_plain[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+          vd_decayed[ks][q] = pack_pair<Elem>(vd[x], vd[x + 1]);
+          if constexpr (kWithO) vd_plain[ks][q] = vd_decayed[ks][q];
         }
     } else {
 #pragma unroll
@@ -419,20 +422,34 @@ struct FusedForwardRs {
         }
       }
     }
-    const float decay = exp2_approx(gates.gamma());
+    if constexpr (!kStateDecayed) {  // (kStateDecayed: the caller scaled S^T already, under its Vd wgmmas)
+      const float decay = exp2_approx(gates.gamma());
 #pragma unroll
-    for (int x = 0; x < 64; ++x) st[x] *= decay;
+      for (int x = 0; x < 64; ++x) st[x] *= decay;
+    }
     before_update();
     wg::fence();
+    if constexpr (kPinned) {
+      const uint64_t k0 = wg::pinned_descriptor<Major::kMN>(at.k, kChunk);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
+    } else {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
+    }
     if constexpr (kExactUpdate) {  // S^T += (rho Vd - hi)^T K: the operand to ~2^-16
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
     }
-    if constexpr (kWithO) {
+    if constexpr (kWithO && kPinned) {
+      const uint64_t p0 = wg::pinned_descriptor<Major::kK>(at.p, kChunk);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::k_step<Major::kK>(p0, 16 * ks, kChunk), true);
+    } else if constexpr (kWithO) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(at.p, 16 * ks, kChunk), true);
@@ -464,7 +481,7 @@ struct FusedForwardRs {
       // +0.7..+2.7% on v5's kernel (session 30, candidate-s77 against candidate-s74).
       if (kFold == Fold::kVd && folded)
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
-          return p.scale * gates.decay(Tiles::acc_col(j, e)) * o[4 * j + e];
+          return gates.scaled_decay(Tiles::acc_col(j, e), p.scale) * o[4 * j + e];
         });
       else
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
@@ -494,10 +511,18 @@ struct FusedForwardRs {
 
   // QS^T [64,64] = S^T [64,128] @ Q^T [128,64] into o, issued (the caller commits): S^T's A fragments
   // against the slot's Q panel.
+  template <bool kPinned = false>
   static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], const unsigned char* q) {
+    if constexpr (kPinned) {
+      const uint64_t q0 = wg::pinned_descriptor<Major::kK>(q, kChunk);
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
-      wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
+      for (int ks = 0; ks < 8; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::k_step<Major::kK>(q0, 16 * ks, kChunk), ks > 0);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
+    }
   }
 
   // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments (the

@@ -52,6 +52,7 @@ struct WarpgroupInverse {
   struct ScaledCopy {
     unsigned char* tile = nullptr;
     const float* column_scale = nullptr;
+    bool enabled = tile != nullptr;  // a flag, not a generic-pointer compare (64-bit, per stage)
     __device__ __forceinline__ float scale(int col) const { return column_scale[col]; }
   };
 
@@ -72,23 +73,35 @@ struct WarpgroupInverse {
   // (0 past its end); warp w writes the blocks of band w the later stages read: those left of the
   // diagonal into ws.l, L_ww in fp32 into ws.l_diag_t (the rest of ws.l is never read).
   static __device__ __forceinline__ void store_l(Workspace& ws, const float (&kk)[32], const float* beta) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    // Branch-free: the fp16 blocks left of the diagonal by one stmatrix_x4 per column-block pair jj
+    // (matrices (j = 2 jj + m / 2, row half m % 2)), issued only where jj < warp (predicated); L_ww's
+    // two column blocks j = 2 warp, 2 warp + 1 picked from the accumulator by warp-uniform selects.
+    // Entries on and above L_ww's diagonal are stored unmasked: stage 2 never reads them.
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c_lane = 2 * (lane % 4);
+    const float beta_rows[2] = {beta[16 * warp + r], beta[16 * warp + r + 8]};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // rows r and r + 8 of the band
-      const int row = 16 * warp + lane / 4 + 8 * h;
-      const float beta_row = beta[row];
+    for (int jj = 0; jj < 3; ++jj) {
+      uint32_t regs[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = 8 * j + 2 * (lane % 4);
-        const float l0 = beta_row * kk[4 * j + 2 * h], l1 = beta_row * kk[4 * j + 2 * h + 1];
-        if (j / 2 < warp) {  // warp-uniform
-          ws.l.store_pair(row, col, l0, l1);
-        } else if (j / 2 == warp) {
-          ws.l_diag_t[warp][col % 16][row % 16] = row > col ? l0 : 0.f;
-          ws.l_diag_t[warp][col % 16 + 1][row % 16] = row > col + 1 ? l1 : 0.f;
-        }
+      for (int m = 0; m < 4; ++m) {
+        const int j = 2 * jj + m / 2, h = m % 2;
+        const __half2 pair = __floats2half2_rn(beta_rows[h] * kk[4 * j + 2 * h], beta_rows[h] * kk[4 * j + 2 * h + 1]);
+        regs[m] = *reinterpret_cast<const uint32_t*>(&pair);
       }
+      const int m = lane / 8;
+      if (jj < warp)
+        stmatrix_x4(&ws.l.v[(16 * warp + 8 * (m % 2) + lane % 8) * kPitch + 8 * (2 * jj + m / 2)], regs);
     }
+#pragma unroll
+    for (int jd = 0; jd < 2; ++jd)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int x = 4 * jd + 2 * h + e;  // element of column block j = 2 warp + jd: kk[8 warp + x]
+          const float v = warp == 0 ? kk[x] : warp == 1 ? kk[8 + x] : warp == 2 ? kk[16 + x] : kk[24 + x];
+          ws.l_diag_t[warp][8 * jd + c_lane + e][r + 8 * h] = beta_rows[h] * v;
+        }
     __syncwarp();  // stage 2 reads the warp's own L_ww
   }
 
@@ -115,8 +128,9 @@ struct WarpgroupInverse {
   //    L_ww's column j read as broadcast float4 vectors of the transposed block.
   static __device__ __forceinline__ void invert_diagonal(const Workspace& ws, Tile& x_tile,
                                                          const ScaledCopy& copy) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    if (lane >= 16) return;
+    // Lanes c and c + 16 both solve column c (the same instructions: no extra issue); lane c stores
+    // its rows 0-7, lane c + 16 rows 8-15 (half the store instructions a warp).
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 16, half = (threadIdx.x / 16) % 2;
     const float(&l_t)[16][16] = ws.l_diag_t[warp];
     const int base = 16 * warp;
     float x[16];
@@ -132,14 +146,18 @@ struct WarpgroupInverse {
         for (int e = 0; e < 4; ++e)
           if (4 * v + e > j) x[4 * v + e] -= column[e] * x[j];
       }
+    float mine[8];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) x_tile.store(base + i, base + lane, x[i]);
-    if (copy.tile != nullptr) {
+    for (int i = 0; i < 8; ++i) mine[i] = half ? x[i + 8] : x[i];
+    const int row0 = base + 8 * half;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x_tile.store(row0 + i, base + lane, mine[i]);
+    if (copy.enabled) {
       const float scale = copy.scale(base + lane);
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-        *reinterpret_cast<__nv_bfloat16*>(copy.tile + wg::swizzled_offset(base + i, base + lane)) =
-            __float2bfloat16_rn(scale * x[i]);
+      for (int i = 0; i < 8; ++i)
+        *reinterpret_cast<__nv_bfloat16*>(copy.tile + wg::swizzled_offset(row0 + i, base + lane)) =
+            __float2bfloat16_rn(scale * mine[i]);
     }
   }
 
@@ -193,7 +211,7 @@ struct WarpgroupInverse {
     const int row = acc_row(r0, 0, 0), col = acc_col(n0, 0, 0);
     tile.store_pair(row, col, -acc[0], -acc[1]);
     tile.store_pair(row + 8, col, -acc[2], -acc[3]);
-    if (copy.tile != nullptr) {
+    if (copy.enabled) {
       const float scale0 = -copy.scale(col), scale1 = -copy.scale(col + 1);
       *reinterpret_cast<__nv_bfloat162*>(copy.tile + wg::swizzled_offset(row, col)) =
           __floats2bfloat162_rn(scale0 * acc[0], scale1 * acc[1]);
