@@ -14,6 +14,6 @@ rm -rf "$dest"
 mkdir -p "$dest"
 # the library's build inputs: the tree without bench/ and docs (bench's C++ tools and scripts kept)
 git archive "$ref" CMakeLists.txt cmake src include python tests examples \
-  $(git ls-tree -r --name-only "$ref" bench | grep -v '^bench/results/') | tar -x -C "$dest"
+  $(git ls-tree -r --name-only "$ref" bench | grep -v '^bench/results/') | tar -x -m -C "$dest"  # -m: mtimes now, so that a warm machine's build rebuilds a changed tree
 git rev-parse --short "$ref" >"$dest/COMMIT"
 echo "${dest#.carry/} $(cat "$dest/COMMIT") in $dest ($(du -sh "$dest" | cut -f1))"

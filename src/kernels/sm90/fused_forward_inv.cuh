@@ -99,7 +99,7 @@ struct FusedForwardInv {
     alignas(16) float beta[kKeyStages][kChunk];
     alignas(16) float decay[kKeyStages][kChunk];  // 2^gcum[t]             (the aux group, from gcum)
     alignas(16) float rho[kKeyStages][kChunk];    // 2^(gcum[63] - gcum[t])
-    alignas(16) float o_scale[kKeyStages][kChunk];  // proto P8: p.scale 2^gcum[t] (a folded chunk's o columns)
+    alignas(16) float o_scale[kKeyStages][kChunk];  // p.scale 2^gcum[t] (a folded chunk's o columns)
     alignas(16) float x_scale[kChunk];              // beta_t 2^(-gcum[t]) of the aux's chunk (folded chunks)
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
@@ -138,7 +138,7 @@ struct FusedForwardInv {
     } else {
       const float rho = exp2_approx(s.gcum[stage][kChunk - 1] - g);
       s.rho[stage][t] = rho;
-      // proto P5: X'' = X diag(beta rho), so that W^T X''^T = (rho Vd)^T (the update's operand as it is)
+      // X'' = X diag(beta rho), so that W^T X''^T = (rho Vd)^T (the update's operand as it is)
       if (folded) s.x_scale[t] = s.beta[stage][t] * rho;
     }
     if (folded) Aux::group_sync(Aux::kAuxBarrier);
@@ -265,7 +265,7 @@ struct FusedForwardInv {
       if (c + 1 < num_chunks) {
         // The whole group waits: chunk c+1's X goes into x[(c-1) % 2], which chunk c-1's Ag was formed from.
         if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
-        // proto T1: the two issues on two warps (each warp's lag behind the group halves)
+        // the two issues on two warps (each warp's lag behind the group halves)
         if (threadIdx.x == 0) issue_slot(c + 1);
         if (threadIdx.x == 32 && c + 2 < num_chunks) issue_keys(c + 2, stage == 0 ? kKeyStages - 1 : stage - 1);
       }
@@ -334,7 +334,7 @@ struct FusedForwardInv {
                                                       int group) {
     const int r = Tiles::acc_row(0);
     const float g_rows[2] = {gcum[r], gcum[r + 8]};
-    // proto P5 (folded): P' = 2^-gamma mask(Q K^T), since O's operand is (rho Vd)^T = 2^gamma Vd'^T
+    // P' = 2^-gamma mask(Q K^T), since O's operand is (rho Vd)^T = 2^gamma Vd'^T
     [[maybe_unused]] const float inv_gamma = kFolded ? exp2_approx(-gcum[kChunk - 1]) : 1.f;
 #pragma unroll
     for (int j = 0; j < 4; j += 2) {

@@ -388,7 +388,7 @@ struct FusedForwardRs {
           }
         }
     } else if (kFold == Fold::kVd && folded) {
-      // proto P5: vd holds (rho Vd)^T (X'' = X diag(beta rho)); O's operand is the same fragments, its
+      // vd holds (rho Vd)^T (X'' = X diag(beta rho)); O's operand is the same fragments, its
       // 2^-gamma carried by P
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
