@@ -10,8 +10,9 @@ from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as t
         (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
     LENGTH may list the sequences' lengths '+'-joined (1x1024+7168). KERNEL (rs, inv) pins the fused kernel
     through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
-    KERNEL bwd times the backward call instead (chunk_gated_delta_rule_bwd with the host lengths, as the
-    benchmark's bwd rows; CP auto, off or a segment length as above).
+    KERNEL bwd times the backward call instead (chunk_gated_delta_rule_bwd with the host lengths; CP auto,
+    off or a segment length as above, or `cache`: given the CP cache of a forward with the default options
+    where it runs CP, as the benchmark's bwd rows).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if importlib.util.find_spec("flashgdn") is None:
 import flashgdn  # noqa: E402
 from flashgdn import ops  # noqa: E402
 from flashgdn.bench.inputs import make_inputs  # noqa: E402
+from flashgdn.bench.runner import forward_cp_cache  # noqa: E402
 from flashgdn.bench.timing import time_graph  # noqa: E402
 
 DEFAULT = ["8x1024:16:32", "4x2048:16:32", "8x1024:2:8", "1x2048:16:32", "4x8192:16:32"]
@@ -58,10 +60,12 @@ def call_of(spec: str):
     x = inp["x"]
     if pinned and pinned[0] == "bwd":
         cp = pinned[1] if len(pinned) > 1 else "auto"
-        mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))
+        mode, segment = (0, 0) if cp in ("auto", "cache") else (1, 0) if cp == "off" else (2, int(cp))
+        cache = forward_cp_cache(x, inp["cu"], inp["cu_cpu"], inp["scale"]) if cp == "cache" else None
         fn = lambda: flashgdn.chunk_gated_delta_rule_bwd(  # noqa: E731
             x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"], inp["cu"],
-            inp["scale"], False, False, inp["cu_cpu"], mode, segment)
+            inp["scale"], False, False, inp["cu_cpu"], mode, segment, cp_states=None if cache is None else cache[0],
+            cp_states_segment_chunks=0 if cache is None else cache[1])
     elif pinned:
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))

@@ -29,6 +29,16 @@ Status validate_backward(const BackwardProblem& problem);
 Status forward_workspace_size(const ForwardProblem& problem, std::size_t* bytes);
 Status backward_workspace_size(const BackwardProblem& problem, std::size_t* bytes);
 
+// The intra-card CP cut a forward call runs (ForwardProblem::cp_states' size): segment_chunks = 0
+// where it runs none (then cp_states must be absent), else the segment length in 64-token chunks and
+// `segments` the rows cp_states needs (exact with host lengths, else a bound). Host-only: no device
+// access, no sync. Validates the inputs first (the outputs may be absent).
+struct CpCacheShape {
+  int64_t segment_chunks = 0;
+  int64_t segments = 0;
+};
+Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape);
+
 // Enqueue the computation on `stream`. Returns kNotBuilt when this build has no kernel for the
 // problem's variant or for the current device, never a silent no-op.
 Status forward(const ForwardProblem& problem, void* workspace, std::size_t workspace_bytes,

@@ -119,6 +119,13 @@ struct ForwardProblem {
   // (row-major [K][V] blocks whatever in.state_layout).
   ShardPhase shard_phase = ShardPhase::kNone;
   TensorRef shard_maps;
+  // Optional output, for the backward (the CP cache): the state entering every segment of the
+  // intra-card CP cut this call runs, fp32 contiguous [segments, Hv, K, V] in the library's own
+  // layout (pass it back to BackwardProblem::cp_states unchanged), with `segments` and the cut from
+  // forward_cp_cache_shape. Only for a call that runs CP (forward_cp_cache_shape's segment_chunks > 0), without
+  // shard phases. Costs the forward nothing: the segment states it forms anyway go there instead of
+  // the workspace.
+  TensorRef cp_states;
 };
 
 struct BackwardProblem {
@@ -145,6 +152,12 @@ struct BackwardProblem {
   // beta |k|^2 <= 2 (normalised keys, beta in (0, 2]); keys far past it overflow fp16 and give
   // non-finite gradients, never finite wrong ones.
   bool inverse_fp32 = false;
+  // Optional, the forward's CP cache (ForwardProblem::cp_states of a forward with the same inputs and
+  // options, and cp_segment_chunks = forward_cp_cache_shape's segment_chunks of it): the backward then runs
+  // that cut (its own planner is not asked) and skips what rebuilds these states (the forward's
+  // decay windows, the state pass's segment end states and the correction). Not with shard phases.
+  TensorRef cp_states;
+  int64_t cp_segment_chunks = 0;
 };
 
 }  // namespace flashgdn

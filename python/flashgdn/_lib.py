@@ -35,13 +35,14 @@ class Inputs(ctypes.Structure):
 class ForwardOutputs(ctypes.Structure):
     _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor), ("checkpoints", Tensor),
                 ("checkpoint_chunks", ctypes.c_int64), ("token_states", Tensor), ("shard_phase", ctypes.c_int32),
-                ("shard_maps", Tensor)]
+                ("shard_maps", Tensor), ("cp_states", Tensor)]
 
 
 class BackwardTensors(ctypes.Structure):
     _fields_ = [(name, Tensor) for name in
                 ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")] + [
-        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32)]
+        ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32),
+        ("cp_states", Tensor), ("cp_segment_chunks", ctypes.c_int64)]
 
 
 class FlashGDNError(RuntimeError):
@@ -87,6 +88,8 @@ def _load():
     lib.flashgdn_has_kernels.restype = ctypes.c_int
     lib.flashgdn_forward_workspace_size.argtypes = [P(Inputs), P(ForwardOutputs), ctypes.c_int,
                                                     P(ctypes.c_size_t)] + msg
+    lib.flashgdn_forward_cp_cache_shape.argtypes = [P(Inputs), P(ForwardOutputs), P(ctypes.c_int64),
+                                                    P(ctypes.c_int64)] + msg
     lib.flashgdn_forward.argtypes = [P(Inputs), P(ForwardOutputs), ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_size_t, ctypes.c_void_p] + msg
     lib.flashgdn_backward_workspace_size.argtypes = [P(Inputs), P(BackwardTensors), P(ctypes.c_size_t)] + msg
@@ -95,7 +98,8 @@ def _load():
     lib.flashgdn_reference_forward.argtypes = [P(Inputs), P(ForwardOutputs)] + msg
     lib.flashgdn_set_timeline.argtypes = [ctypes.c_void_p] + msg
     lib.flashgdn_reference_backward.argtypes = [P(Inputs), P(BackwardTensors)] + msg
-    for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward, lib.flashgdn_backward_workspace_size,
+    for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward_cp_cache_shape, lib.flashgdn_forward,
+               lib.flashgdn_backward_workspace_size,
                lib.flashgdn_backward,
                lib.flashgdn_reference_forward, lib.flashgdn_reference_backward, lib.flashgdn_set_timeline):
         fn.restype = ctypes.c_int

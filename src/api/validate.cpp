@@ -355,6 +355,28 @@ Status check_shard_states(const char* name, const TensorRef& ref, int64_t rows, 
   return {};
 }
 
+// The CP cache (ForwardProblem::cp_states, BackwardProblem::cp_states): fp32, contiguous
+// [segments, Hv, K, V] with segments = its own first extent (the runtime checks it against the cut,
+// which the planner gives); only for the GPU kernels and without shard phases.
+Status check_cp_states(const TensorRef& ref, ShardPhase phase, const Shape& s, Target target, Arg& arg) {
+  arg = Arg{"cp_states", &ref, 4, {ref.present() && ref.rank == 4 ? ref.sizes[0] : 0, s.num_v_heads, s.head_dim_k,
+                                   s.head_dim_v}};
+  if (!ref.present()) return {};
+  if (target == Target::kHost) return unsupported("cp_states: the float64 reference runs no intra-card CP");
+  if (phase != ShardPhase::kNone) return unsupported("cp_states: not with shard phases (they keep their own segment states)");
+  if (ref.rank != 4 || ref.sizes[0] < 1)
+    return invalid(cat("cp_states: expected [segments >= 1, ", s.num_v_heads, ", ", s.head_dim_k, ", ", s.head_dim_v,
+                       "] (forward_cp_cache_shape), got rank ", ref.rank));
+  if (auto st = check_tensor(arg, true, true, target); !st.ok()) return st;
+  if (auto st = check_dtype(arg, {DType::kF32}); !st.ok()) return st;
+  const int64_t K = s.head_dim_k, V = s.head_dim_v;
+  const int64_t* st = ref.strides;
+  if (st[3] != 1 || st[2] != V || st[1] != K * V || st[0] != s.num_v_heads * K * V)
+    return invalid(cat("cp_states: must be contiguous (strides [", s.num_v_heads * K * V, ", ", K * V, ", ", V,
+                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
+  return {};
+}
+
 Status check_shard_phase(ShardPhase phase) {
   if (phase != ShardPhase::kNone && phase != ShardPhase::kMaps && phase != ShardPhase::kFinish)
     return invalid(cat("shard_phase: must be 0 (none), 1 (maps) or 2 (finish), got ", static_cast<int32_t>(phase)));
@@ -373,6 +395,8 @@ Status check_shard_maps(const ForwardProblem& p, const InputArgs& a, Target targ
   const Arg maps{"shard_maps", &p.shard_maps, 4, {rows, s.num_v_heads, s.head_dim_k, s.head_dim_k}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state}, {maps}, {});
 }
+
+Status validate_inputs(const Inputs& in, Target target) { return check_inputs(in, input_args(in), target); }
 
 Status validate_forward(const ForwardProblem& p, Target target) {
   const InputArgs a = input_args(p.in);
@@ -428,10 +452,13 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
     return invalid("final_state: dtype must be a floating type");
   }
+  Arg cp_states{};
+  if (auto s = check_cp_states(p.cp_states, p.shard_phase, p.in.shape, target, cp_states); !s.ok()) return s;
   const Arg initial_indices{"initial_state_indices", &p.in.initial_state_indices, 1, {N, 1, 1, 1}};
   const Arg final_indices{"final_state_indices", &p.final_state_indices, 1, {N, 1, 1, 1}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, initial_indices, final_indices},
-                        {o, final_state, checkpoints, token_states}, {a.initial_state.name, final_state.name});
+                        {o, final_state, checkpoints, token_states, cp_states},
+                        {a.initial_state.name, final_state.name});
 }
 
 // Backward shard_phase kMaps: d_o in, shard_grad out, nothing else.
@@ -458,6 +485,11 @@ Status validate_backward(const BackwardProblem& p, Target target) {
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
   if (auto s = check_shard_phase(p.shard_phase); !s.ok()) return s;
+  Arg cp_states{};
+  if (auto s = check_cp_states(p.cp_states, p.shard_phase, p.in.shape, target, cp_states); !s.ok()) return s;
+  if (p.cp_states.present() != (p.cp_segment_chunks != 0) || p.cp_segment_chunks < 0)
+    return invalid(cat("cp_states: give both the forward's cp_states and its cut cp_segment_chunks >= 1 "
+                       "(forward_cp_cache_shape), or neither; got cp_segment_chunks ", p.cp_segment_chunks));
   if (p.shard_phase == ShardPhase::kMaps) return check_shard_grad(p, a, target);
   if (p.shard_grad.present()) return invalid("shard_grad: an output of shard_phase 1 (maps) only");
   const Arg d_o = like("do", &p.d_o, a.v);
@@ -494,7 +526,7 @@ Status validate_backward(const BackwardProblem& p, Target target) {
       if (arg->ref->present() && !is_float(arg->ref->dtype))
         return invalid(cat(arg->name, ": dtype must be a floating type"));
   }
-  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state},
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state, cp_states},
                         {dq, dk, dv, dg, dbeta, dh0});
 }
 

@@ -18,6 +18,8 @@ inline constexpr int64_t kDecodeTokensPerSequence = 8;
 // this long (a long sequence would run serially in one CTA).
 inline constexpr int64_t kDecodeMaxTokens = 64;
 
+// The inputs alone (what the forward and the backward read), as validate_forward checks them.
+Status validate_inputs(const Inputs& in, Target target);
 Status validate_forward(const ForwardProblem& problem, Target target);
 Status validate_backward(const BackwardProblem& problem, Target target);
 

@@ -61,6 +61,7 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.token_states = to_ref(out->token_states);
   p.shard_phase = static_cast<ShardPhase>(out->shard_phase);
   p.shard_maps = to_ref(out->shard_maps);
+  p.cp_states = to_ref(out->cp_states);
   return p;
 }
 
@@ -78,6 +79,8 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.shard_phase = static_cast<ShardPhase>(g->shard_phase);
   p.shard_grad = to_ref(g->shard_grad);
   p.inverse_fp32 = g->inverse_fp32 != 0;
+  p.cp_states = to_ref(g->cp_states);
+  p.cp_segment_chunks = g->cp_segment_chunks;
   return p;
 }
 
@@ -133,6 +136,17 @@ int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_fo
 #else
   (void)variant;
 #endif
+  return report(s, msg, msg_len);
+}
+
+int flashgdn_forward_cp_cache_shape(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
+                                    int64_t* segment_chunks, int64_t* segments, char* msg, int msg_len) {
+  if (in == nullptr || out == nullptr) return report(null_argument("problem"), msg, msg_len);
+  if (segment_chunks == nullptr || segments == nullptr) return report(null_argument("segment_chunks, segments"), msg, msg_len);
+  CpCacheShape shape;
+  const Status s = forward_cp_cache_shape(to_forward(in, out), &shape);
+  *segment_chunks = shape.segment_chunks;
+  *segments = shape.segments;
   return report(s, msg, msg_len);
 }
 

@@ -46,6 +46,7 @@ typedef struct {
   flashgdn_tensor token_states;        /* optional fp32 state after every token (decode-sized calls) */
   int32_t shard_phase;                 /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_maps;          /* phase 1 output: fp32 [2 N, Hv, K, K], E then M */
+  flashgdn_tensor cp_states;           /* optional CP cache for the backward: fp32 [segments, Hv, K, V] */
 } flashgdn_forward_outputs;
 
 typedef struct {
@@ -53,6 +54,8 @@ typedef struct {
   int32_t shard_phase;        /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_grad; /* phase 1 output: fp32 [N, Hv, K, V] */
   int32_t inverse_fp32;       /* 1: the chunk inverse merged in split bf16 (BackwardProblem::inverse_fp32) */
+  flashgdn_tensor cp_states;  /* optional: the forward's CP cache (its cp_states) ... */
+  int64_t cp_segment_chunks;  /* ... and its cut (flashgdn_forward_cp_cache_shape); 0 without */
 } flashgdn_backward_tensors;
 
 const char* flashgdn_version(void);
@@ -77,6 +80,10 @@ int flashgdn_set_timeline(void* device_buffer, char* msg, int msg_len);
  * wgmma, 4 warp-specialized with the state in registers). */
 int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                     int variant, size_t* bytes, char* msg, int msg_len);
+/* The intra-card CP cut the forward runs (flashgdn::forward_cp_cache_shape): *segment_chunks = 0 without
+ * CP, else the cut and *segments the rows of its cp_states. Host-only, no sync. */
+int flashgdn_forward_cp_cache_shape(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
+                                    int64_t* segment_chunks, int64_t* segments, char* msg, int msg_len);
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,
                      void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len);
 int flashgdn_backward_workspace_size(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads,

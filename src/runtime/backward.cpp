@@ -10,7 +10,9 @@
 //   fused_forward      the register-state forward (v4) on Ag, o not written (with d_final_state
 //                      the state update's operand as hi + lo); S^T entering every chunk into
 //                      chunk_states, in the input dtype (with CP: leading windows, then
-//                      the CP forward passes; the segment table comes with chunk_offsets)
+//                      the CP forward passes; the segment table comes with chunk_offsets; with the
+//                      forward's CP cache, cp_states, only the transitions the reverse correction
+//                      needs and the pass from the given segment states)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
@@ -35,6 +37,8 @@
 // Hv, 128]; chunk_grad_states [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks,
 // Hv, 8]; with group_sums the running sums fp32 [chunks, Hqk, 2, 64, 128] (dq_heads), else (unless
 // Hv == Hqk without the L2 norm) dq_heads, dk_heads fp32 [B*T, Hv, 128].
+#include <string>
+
 #include "api/validate.h"
 #include "flashgdn/flashgdn.h"
 #include "runtime/backward.h"
@@ -97,9 +101,11 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
       offset = align_up(offset + tokens_heads * 128 * sizeof(float));
     }
   }
-  // The backward plans its own cut with the backward's cost model (it need not match the forward's).
-  layout.cp = problem.shard_phase != ShardPhase::kNone ? decide_shard_cp(in, plan::CostModel::backward())
-                                                       : decide_cp(in, plan::CostModel::backward());
+  // The backward plans its own cut with the backward's cost model (it need not match the forward's),
+  // unless it is given the forward's CP cache: then the forward's cut.
+  layout.cp = problem.cp_states.present()                ? given_cp(in, problem.cp_segment_chunks)
+              : problem.shard_phase != ShardPhase::kNone ? decide_shard_cp(in, plan::CostModel::backward())
+                                                         : decide_cp(in, plan::CostModel::backward());
   if (layout.cp.enabled) {
     offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
     const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
@@ -147,6 +153,11 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   const BackwardProblem problem = batch_view(given);
   if (auto s = check_device(); !s.ok()) return s;
   const BackwardLayout layout = backward_layout(problem);
+  if (problem.cp_states.present() && problem.cp_states.sizes[0] != layout.cp.max_segments)
+    return {StatusCode::kInvalidArgument,
+            "cp_states: " + std::to_string(problem.cp_states.sizes[0]) + " segments given, a cut of cp_segment_chunks " +
+                std::to_string(problem.cp_segment_chunks) + " has " + std::to_string(layout.cp.max_segments) +
+                " (pass the forward's cp_states with its forward_cp_cache_shape)"};
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   const Inputs& in = problem.in;
@@ -177,6 +188,10 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
     p.grad_window_chunks = reinterpret_cast<int32_t*>(ws + layout.grad_window_chunks);
     p.shard = phase != ShardPhase::kNone;
     p.transition_for_last = problem.d_final_state.present();
+    if (problem.cp_states.present()) {  // the forward's segment states (the CP cache)
+      p.segment_starts = static_cast<float*>(problem.cp_states.data);
+      p.segment_starts_given = true;
+    }
     if (phase != ShardPhase::kFinish) {
       if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.grad_window_chunks, true, stream)
                                     : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.grad_window_chunks, true, stream),
@@ -189,6 +204,7 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   // D); kFinish: the correction from the true entering state and the pass writing chunk_states.
   const CpStages stages = phase == ShardPhase::kMaps     ? CpStages::kStatePass
                           : phase == ShardPhase::kFinish ? CpStages::kFinish
+                          : problem.cp_states.present()  ? CpStages::kGivenStarts
                                                          : CpStages::kAll;
   // The pre-pass (v4) reads Ag and the gate records; the gradient pass A_r too. With d_final_state it
   // also sums <dS_T, S> for each sequence's last chunk with S in fp32, for the gradient pass.

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "api/validate.h"
@@ -113,6 +114,14 @@ CpDecision decide_cp(const Inputs& in, const plan::CostModel& model) {
   return cp;
 }
 
+CpDecision given_cp(const Inputs& in, int64_t segment_chunks) {
+  CpDecision cp;
+  cp.enabled = true;
+  cp.segment_chunks = segment_chunks;
+  cp.max_segments = segment_count(in, host_lengths(in), segment_chunks);
+  return cp;
+}
+
 CpDecision decide_shard_cp(const Inputs& in, const plan::CostModel& model) {
   Inputs planned = in;
   if (planned.context_parallelism.mode == ContextParallel::kOff) planned.context_parallelism.mode = ContextParallel::kAuto;
@@ -171,7 +180,14 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
   auto split = [&](int64_t items) {
     return p.wgmma || specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
-  if (p.cp_pass != kern::kNoCp) {
+  if (p.cp_pass != kern::kNoCp && stages == CpStages::kGivenStarts) {
+    // the state pass's z = 1 CTAs only (work_item: no S*_j with segment_starts_given)
+    p.cp_pass = kern::kCpStatePass;
+    p.chunk_states = nullptr;
+    p.v_split = split(2 * p.max_segments);
+    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
+    p.cp_pass = kern::kCpMainPass;
+  } else if (p.cp_pass != kern::kNoCp) {
     if (stages != CpStages::kFinish) {
       const bool bf16 = elem == kern::ElemKind::kBF16;
       if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -270,6 +286,16 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
                          inverse == kern::InverseKind::kBF16;
   const FusedKernel kernel =
       auto_bf16 ? auto_forward_kernel(problem.in, layout.cp.enabled, problem.shard_phase) : variant.kernel;
+  if (problem.cp_states.present()) {
+    if (!layout.cp.enabled)
+      return {StatusCode::kInvalidArgument,
+              "cp_states: this call runs no intra-card CP (forward_cp_cache_shape gives segment_chunks 0); leave it "
+              "absent"};
+    if (problem.cp_states.sizes[0] != layout.cp.max_segments)
+      return {StatusCode::kInvalidArgument, "cp_states: " + std::to_string(problem.cp_states.sizes[0]) +
+                                                " segments given, the cut has " +
+                                                std::to_string(layout.cp.max_segments) + " (forward_cp_cache_shape)"};
+  }
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   auto* ws = static_cast<unsigned char*>(workspace);
@@ -328,6 +354,8 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   }
   if (layout.cp.enabled) {
     bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws);
+    // the CP cache: the correction writes the segment states there, the main pass reads them
+    if (problem.cp_states.present()) p.segment_starts = static_cast<float*>(problem.cp_states.data);
   }
   p.shard = phase != ShardPhase::kNone;
   p.shard_maps = static_cast<float*>(problem.shard_maps.data);
@@ -361,6 +389,18 @@ Status forward_workspace_size(const ForwardProblem& problem, std::size_t* bytes)
   *bytes = 0;
   if (auto s = detail::validate_forward(problem, detail::Target::kDevice); !s.ok()) return s;
   *bytes = detail::forward_layout(problem, detail::kDefaultInverse).bytes;
+  return {};
+}
+
+Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape) {
+  if (shape == nullptr) return {StatusCode::kInvalidArgument, "shape: null pointer"};
+  *shape = {};
+  if (auto s = detail::validate_inputs(problem.in, detail::Target::kDevice); !s.ok()) return s;
+  if (problem.shard_phase != ShardPhase::kNone) return {};
+  const detail::ForwardLayout layout = detail::forward_layout(problem, detail::kDefaultInverse);
+  if (!layout.cp.enabled) return {};
+  shape->segment_chunks = layout.cp.segment_chunks;
+  shape->segments = layout.cp.max_segments;
   return {};
 }
 

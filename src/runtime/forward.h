@@ -27,6 +27,8 @@ struct CpDecision {
   int64_t max_segments = 0;    // exact with host lengths, else a bound
 };
 CpDecision decide_cp(const Inputs& in, const plan::CostModel& model = {});
+// The cut of segment_chunks >= 1 chunks as given (the backward with the forward's CP cache), enabled.
+CpDecision given_cp(const Inputs& in, int64_t segment_chunks);
 
 // Sequences x v-heads that stay resident through a call without CP: the sequences' chunks over the
 // longest one's, times Hv (N Hv at equal lengths); 0 without host lengths.
@@ -78,8 +80,9 @@ FusedKernel auto_forward_kernel(const Inputs& in, bool cp_enabled, ShardPhase ph
 
 // Which CP passes launch_forward_passes runs: all; up to the state pass and then the shard maps
 // (ShardPhase::kMaps); up to the state pass (the backward's kMaps); from the correction on
-// (ShardPhase::kFinish).
-enum class CpStages { kAll, kMaps, kStatePass, kFinish };
+// (ShardPhase::kFinish); with the segment states given (p.segment_starts_given, the backward with
+// the forward's CP cache), the state pass's transitions only and the main pass.
+enum class CpStages { kAll, kMaps, kStatePass, kFinish, kGivenStarts };
 
 // The forward passes after chunk_inverse: without CP the fused kernel; with CP (bind_cp first) the
 // windows, the state pass, the correction and the main pass (or the stages asked for). Each pass's

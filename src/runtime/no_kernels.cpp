@@ -21,6 +21,12 @@ Status backward_workspace_size(const BackwardProblem& problem, std::size_t* byte
   *bytes = 0;
   return validate_backward(problem);
 }
+Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape) {
+  if (shape == nullptr) return {StatusCode::kInvalidArgument, "shape: null pointer"};
+  *shape = {};
+  (void)problem;  // no kernels, no CP
+  return {};
+}
 Status forward(const ForwardProblem& problem, void*, std::size_t, cudaStream_t) {
   if (auto s = validate_forward(problem); !s.ok()) return s;
   return not_built("forward");

@@ -46,6 +46,20 @@ TEST(CpDecision, VarlenHostLengthsGiveExactCounts) {
   EXPECT_EQ(cp.max_segments, 0 + 1 + 4);
 }
 
+TEST(CpDecision, GivenCutCountsAsThePlannerDoes) {  // the backward with the forward's CP cache
+  const std::vector<int64_t> cu{0, 0, 65, 1000};  // 0, 2 and 15 chunks
+  int32_t device_stand_in = 0;
+  Inputs in = batch_inputs(1, 1000, 2, ContextParallel::kOff, 0);  // the backward's own options do not matter
+  in.varlen = {&device_stand_in, DType::kI32, 3, cu.data()};
+  const CpDecision given = given_cp(in, 4);
+  EXPECT_TRUE(given.enabled);
+  EXPECT_EQ(given.segment_chunks, 4);
+  in.context_parallelism = {ContextParallel::kOn, 4, -10.f};
+  EXPECT_EQ(given.max_segments, decide_cp(in).max_segments);
+  in.varlen.cu_seqlens_host = nullptr;  // a bound, the same as the forward's
+  EXPECT_EQ(given_cp(in, 4).max_segments, decide_cp(in).max_segments);
+}
+
 TEST(CpDecision, VarlenWithoutHostLengths) {
   int32_t device_stand_in = 0;
   Inputs in = batch_inputs(1, 1000, 2, ContextParallel::kOn, 4);

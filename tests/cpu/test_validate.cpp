@@ -443,6 +443,48 @@ TEST(Validate, ShardPhases) {
   expect_error(validate_backward(b), StatusCode::kInvalidArgument, "do");
 }
 
+TEST(Validate, CpCache) {
+  Fixture f;
+  const TensorRef cache = tensor(f.arena, DType::kF32, {3, kHv, kD, kD});
+  f.fwd.cp_states = cache;  // rows are the runtime's to check against the cut
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  f.fwd.cp_states.dtype = DType::kBF16;
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = tensor(f.arena, DType::kF32, {3, kHv + 1, kD, kD});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = tensor(f.arena, DType::kF32, {3, kHv, kD});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = cache;
+  std::swap(f.fwd.cp_states.strides[2], f.fwd.cp_states.strides[3]);  // transposed
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = tensor(f.arena, DType::kF32, {1, kHv, kD, kD});
+  f.fwd.cp_states.data = f.fwd.in.initial_state.data;  // within an input
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = cache;
+  expect_error(detail::validate_forward(f.fwd, detail::Target::kHost), StatusCode::kNotSupported, "cp_states");
+  f.fwd.shard_phase = ShardPhase::kFinish;
+  expect_error(validate_forward(f.fwd), StatusCode::kNotSupported, "cp_states");
+
+  BackwardProblem& b = f.bwd;
+  b.cp_states = cache;  // without its cut
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
+  b.cp_segment_chunks = 4;
+  EXPECT_TRUE(validate_backward(b).ok()) << validate_backward(b).message();
+  b.cp_states = {};  // a cut without states
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
+  b.cp_states = cache;
+  b.cp_segment_chunks = -4;
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
+  b.cp_segment_chunks = 4;
+  b.cp_states.data = b.dq.data;  // an input over an output
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "dq");
+  b.cp_states = cache;
+  b.shard_phase = ShardPhase::kFinish;
+  expect_error(validate_backward(b), StatusCode::kNotSupported, "cp_states");
+  b.shard_phase = ShardPhase::kNone;
+  expect_error(detail::validate_backward(b, detail::Target::kHost), StatusCode::kNotSupported, "cp_states");
+}
+
 TEST(Validate, ContextParallelismOptions) {
   {
     Fixture f;

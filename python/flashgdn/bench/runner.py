@@ -19,6 +19,7 @@ import torch
 
 import flashgdn
 
+from .. import ops
 from . import anchors as anchors_mod
 from .configs import Config, row_directions, parse_filter
 from .floors import floors_ms
@@ -119,6 +120,16 @@ def run_forward(cfg: Config, ctx: Context) -> list[dict]:
     return [complete_row(row)]
 
 
+def forward_cp_cache(x, cu, cu_cpu, scale):
+    """The forward's CP cache (flashgdn.ops.new_cp_cache, filled by one forward with the default options),
+    or None where that forward runs no CP."""
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, scale)
+    cache = ops.new_cp_cache(*args, cu_seqlens_cpu=cu_cpu)
+    if cache is not None:
+        ops.forward_into(torch.empty_like(x["v"]), None, *args, cu_seqlens_cpu=cu_cpu, cp_states=cache[0])
+    return cache
+
+
 def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list[dict]:
     inp = make_inputs(cfg.lengths, cfg.h_qk, cfg.h_v, ctx.gates, backward=True)
     x, scale, lengths, cu, cu_cpu = inp["x"], inp["scale"], inp["lengths"], inp["cu"], inp["cu_cpu"]
@@ -145,10 +156,13 @@ def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list
         return {n: rel_l2(m, r) for n, m, r in zip(GRADS, mine, other) if m is not None and r is not None}
 
     leaves = anchors_mod._leaves(x)
+    # flashgdn's low-level backward after a forward: given that forward's CP cache where it ran CP (the
+    # segment states, as FlashQLA's published backward reuses its forward's), else from the inputs alone
+    cache = forward_cp_cache(x, cu, cu_cpu, scale)
     ours_fns = {
-        # flashgdn's low-level backward recomputes everything from the forward's inputs
-        "bwd": lambda: flashgdn.chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht,
-                                                           x["initial_state"], cu, scale, False, False, cu_cpu),
+        "bwd": lambda: flashgdn.chunk_gated_delta_rule_bwd(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht, x["initial_state"], cu, scale, False, False, cu_cpu,
+            cp_states=None if cache is None else cache[0], cp_states_segment_chunks=0 if cache is None else cache[1]),
         "fwdbwd": lambda: torch.autograd.grad(
             flashgdn.chunk_gated_delta_rule(**leaves, scale=scale, output_final_state=True, cu_seqlens=cu,
                                             cu_seqlens_cpu=cu_cpu),

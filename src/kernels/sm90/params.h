@@ -105,6 +105,9 @@ struct ForwardParams {
   float* segment_ends = nullptr;         // [segment][hv][128][128]: S*_j, state at the segment's end
   float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
   float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (h0 for j = 0)
+  // segment_starts given (the backward with the forward's CP cache): the state pass forms only the
+  // transitions M_j the reverse correction needs (no S*_j, no forward windows read).
+  bool segment_starts_given = false;
   float decay_threshold = -10.f;         // natural-log units
   // [chunk id][hv]: each chunk's sum of the window terms g_t + log max(1, |1 - beta_t |k_t|^2|), written
   // by the bf16 chunk inverse where non-null (|k_t|^2 is K K^T's diagonal there; it needs the gates:

@@ -234,7 +234,8 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //   state pass, z = 1: only for j > 0 where a correction needs M_j (no forward window and j < last;
 //                      no backward window, j < last or transition_for_last): the whole segment with
 //                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
-//   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward or a backward window)
+//   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward or a backward window;
+//    p.segment_starts_given: no z = 0 items, z = 1 only where the backward's window is missing)
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
 //                      final state of the last segment -> final_state[n]
@@ -261,8 +262,11 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
   item.batch = at.seq.batch;
   item.eos = at.eos;
   if (p.cp_pass == kCpStatePass) {
-    const int32_t window = p.window_chunks[x * p.num_v_heads + h];
-    if (z == 0 && at.last() && !p.shard) return item;
+    // With the segment states given (the forward's CP cache) no S*_j runs and the forward's windows
+    // (never computed then) are not read: only the reverse correction's M_j.
+    const bool forward_correction = !p.segment_starts_given;
+    if (z == 0 && (!forward_correction || (at.last() && !p.shard))) return item;
+    const int32_t window = forward_correction ? p.window_chunks[x * p.num_v_heads + h] : -1;
     if (z == 1) {  // M_j where the forward correction or the backward's reverse correction needs it
       const bool grad_exact = p.grad_window_chunks != nullptr && p.grad_window_chunks[x * p.num_v_heads + h] == 0;
       const bool needed = p.shard ? window == 0 || grad_exact
