@@ -42,13 +42,14 @@
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
 //      dQ_a = s Gamma (dO S^T) (S^T panel g "MN"), dK_a = rho (.) (Vd dS^T) (dS^T panel g "MN") in
 //      registers (a second commit group, running under the first one's epilogue): dg_s +=
-//      rowsum(Q (.) dQ_a) - rowsum(K (.) dK_a) (E adds the last back: dg_s's dK_a term is a's alone)
+//      rowsum(Q (.) dQ_a) (dg_s's dK_a term is a's alone)
 //   D  X = A_r^T dA_r (each group whole, n64: A_r "MN", dA_r "MN") -> A fragments;  then Y = X A_r^T
 //      (RS, n32, A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes;  E's first terms, which need nothing from D, in flight
 //      under it (issued right behind X; waited for with Y, KK):
-//      dq = dQ_a + dP K (K panel g "MN");  dk = dK_a + dU S^T (S^T panel g "MN")
-//   E  dk [dg_s += rowsum(K (.) (dK_a + dU S^T))] + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN") -> HBM
+//      dq = dQ_a + dP K (K panel g "MN");  dk_rest = dU S^T (S^T panel g "MN", its own accumulator):
+//      dg_s += rowsum(K (.) dk_rest)
+//   E  dk = dK_a + dk_rest + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN"; onto dk_rest) -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
 //      chunk with a dS_T the pre-pass's, S in fp32: fwd.final_grad_dots), dg = reverse cumsum of dg_s,
@@ -230,12 +231,14 @@ struct BackwardGrads {
                                             accumulate || k0 > 0);
   }
 
-  // Stage E's first terms, which need nothing from stage D: dq += dP K, dk += dU S^T (K, S^T panel g
-  // "MN"), issued (not committed) onto the registers' dQ_a, dK_a.
-  static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk) {
+  // Stage E's first terms, which need nothing from stage D: dq += dP K onto the registers' dQ_a and
+  // dk_rest = dU S^T (K, S^T panel g "MN"), issued (not committed). dU S^T has its own accumulator:
+  // dg_s's term rowsum(K (.) dU S^T) is then one row dot, not rowsum(K (.) (dK_a + dU S^T)) less
+  // stage C's rowsum(K (.) dK_a).
+  static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk_rest) {
     mma_opaque<64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
-    mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk, s.du, kChunk, s.st + group * kStatePanelBytes,
-                                                            kHeadDim, true);
+    mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk_rest, s.du, kChunk, s.st + group * kStatePanelBytes,
+                                                            kHeadDim, false);
   }
 
   // This CTA's item after `index`: index + gridDim.x, or with bp.group_sums the next v-head of the
@@ -821,9 +824,7 @@ struct BackwardGrads {
           dk[4 * j + e] *= rho[e / 2];
         }
       __syncwarp();
-      add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);
-      __syncwarp();
-      add_row_dots(dgs, dk, s.k + group * kPanelBytes, -1.f);  // -rowsum(K (.) dK_a): stage E adds it back
+      add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);  // dg_s's dK_a term is stage B's a
     }
     wg::fence_shared_to_async();
     __syncthreads();
@@ -843,6 +844,7 @@ struct BackwardGrads {
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
+    Acc dk_rest;  // dU S^T (issued with X), then + dP^T Q + dM K + dM^T K (stage E)
     {
       Fragments x_frag[4];  // X = A_r^T dA_r [64, 64], whole in each group: Y's A operand
       {
@@ -850,7 +852,7 @@ struct BackwardGrads {
         wg::fence();
         mma_opaque<64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
         wg::commit();
-        issue_first_terms(s, group, dq, dk);  // behind X: they need nothing from D
+        issue_first_terms(s, group, dq, dk_rest);  // behind X: they need nothing from D
         wg::commit();
         wg::wait<1>();
         wg::fence_operand(x);
@@ -870,7 +872,7 @@ struct BackwardGrads {
       wg::fence_operand(y);
       wg::fence_operand(kk);
       wg::fence_operand(dq);
-      wg::fence_operand(dk);
+      wg::fence_operand(dk_rest);
       float row_beta[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -884,6 +886,7 @@ struct BackwardGrads {
       store_panel<32>(s.ag, 4 * group, [&](int j, int e) { return y[4 * j + e]; });
 #pragma unroll
       for (int half = 0; half < 2; ++half) add_row_sum(s.dbeta_row[warp], acc_row(2 * half), row_beta[half]);
+      add_row_dots(dgs, dk_rest, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) dU S^T)
     }
     wg::fence_shared_to_async();
     __syncthreads();
@@ -900,7 +903,6 @@ struct BackwardGrads {
 
     // ── Stage E: dq, dk ───────────────────────────────────────────────────────────────────────
     {
-      Acc dk_rest;  // dP^T Q + dM K + dM^T K
       wg::fence();
       {
         const uint64_t dp = opaque_descriptor<Major::kMN>(s.dp, kChunk);
@@ -911,7 +913,7 @@ struct BackwardGrads {
 #pragma unroll
         for (int k0 = 0; k0 < kChunk; k0 += 16) {
           wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dp, k0, kChunk),
-                                                       wg::k_step<Major::kMN>(q, k0, kChunk), k0 > 0);
+                                                       wg::k_step<Major::kMN>(q, k0, kChunk), true);
           wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dk_rest, wg::k_step<Major::kK>(dm, k0, kChunk),
                                                       wg::k_step<Major::kMN>(k, k0, kChunk), true);  // dM K
           wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dm_t, k0, kChunk),
@@ -936,7 +938,6 @@ struct BackwardGrads {
       wg::fence_operand(dk);
       wg::fence_operand(dk_rest);
       timeline_mark(p, group, it.ordinal, 7);
-      add_row_dots(dgs, dk, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) (dK_a + dU S^T))
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
       if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
 #pragma unroll
