@@ -133,11 +133,15 @@ struct BackwardGrads {
 
   static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
   static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
-  // Sum over the 4 lanes of an accumulator row; lane % 4 == 0 adds it to dst[row].
-  static __device__ __forceinline__ void add_row_sum(float* dst, int row, float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    x += __shfl_xor_sync(0xffffffffu, x, 2);
-    if (threadIdx.x % 4 == 0) dst[row] += x;
+  // A thread's partial sums of its two accumulator rows (x[half]: row acc_row(2 half)) summed over
+  // the row's 4 lanes and added to dst[row]: the first step trades halves (odd lanes keep half 1),
+  // so lane % 4 == 0 ends with row acc_row(0)'s sum and lane % 4 == 1 with acc_row(2)'s (2 shuffles
+  // for both rows, not 4).
+  static __device__ __forceinline__ void add_row_sums(float* dst, const float (&x)[2]) {
+    const bool odd = threadIdx.x % 2 != 0;
+    float v = (odd ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (threadIdx.x % 4 < 2) dst[acc_row(0) + 8 * (threadIdx.x % 2)] += v;
   }
   // Sums over the 8 lanes of an accumulator column (a warp's 8 rows lane / 4) of a column pair held
   // as x[0], x[1] (columns 2 (lane % 4) + d of a block): lanes 0-15 return column d = 0's, lanes
@@ -200,17 +204,12 @@ struct BackwardGrads {
     }
   }
 
-  // Row dots of an m64n64 accumulator with a 64-column panel at the same positions, times `sign`,
-  // added to dst; returns this thread's unscaled share.
-  static __device__ __forceinline__ float add_row_dots(float* dst, const Acc& acc, const unsigned char* panel,
-                                                       float sign) {
-    float sum[2] = {0.f, 0.f};
+  // Row dots of an m64n64 accumulator with a 64-column panel at the same positions, added to this
+  // thread's row partials (row_sum[half]: row acc_row(2 half), as add_row_sums) by two FFMA a pair.
+  static __device__ __forceinline__ void add_row_dots(float (&row_sum)[2], const Acc& acc, const unsigned char* panel) {
     for_panel_pairs<64>(panel, 0, [&](int j, int e, float2 x) {
-      sum[e / 2] += x.x * acc[4 * j + e] + x.y * acc[4 * j + e + 1];
+      row_sum[e / 2] = fmaf(x.y, acc[4 * j + e + 1], fmaf(x.x, acc[4 * j + e], row_sum[e / 2]));
     });
-#pragma unroll
-    for (int half = 0; half < 2; ++half) add_row_sum(dst, acc_row(2 * half), sign * sum[half]);
-    return sum[0] + sum[1];
   }
 
   // wg::pinned_descriptor with the high word from kDescriptorHighWord (the same value), and mma_ss_k
@@ -707,11 +706,9 @@ struct BackwardGrads {
 #pragma unroll
       for (int x = 0; x < 32; ++x) ka_row[(x % 4) / 2] += kds[x] * vd[x];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        ka_row[half] *= rho[half];
-        add_row_sum(dgs, acc_row(2 * half), -ka_row[half]);
-      }
-      const float ka = warp_sum(ka_row[0] + ka_row[1]);
+      for (int half = 0; half < 2; ++half) ka_row[half] *= -rho[half];  // -a
+      add_row_sums(dgs, ka_row);
+      const float ka = -warp_sum(ka_row[0] + ka_row[1]);
       if (lane == 0) s.ka_part[warp] = ka;
     }
     wg::fence_shared_to_async();
@@ -720,6 +717,9 @@ struct BackwardGrads {
 
     // ── Stage C: dW -> dv, dU; dPg, dAg -> dP, dA_r, E, dbeta; dQ_a, dK_a ─────────────────────
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
+    // dg_s's row terms of this thread's rows (as add_row_sums) from stage C's on, summed in registers
+    // to stage D's end, then added to dgs once
+    float row_dg[2] = {0.f, 0.f};
     {
       Acc dw;
       Acc32 dpg, dag;
@@ -774,7 +774,6 @@ struct BackwardGrads {
                          h * bp.dv_strides.head + 64 * group,
                      bp.dv_strides.token, dv_panel, rows);
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..
-      float row_e[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float col_e[2] = {0.f, 0.f}, col_beta[2] = {0.f, 0.f};  // columns col0 + d, both row halves
@@ -789,7 +788,7 @@ struct BackwardGrads {
             const float t = dag[x] * gate[x];  // dAg (.) G
             dar[d] = t * s.beta[col + d];
             const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
-            row_e[e / 2] += energy;
+            row_dg[e / 2] += energy;
             col_e[d] += energy;
             col_beta[d] += t * a_r[x];
           }
@@ -805,8 +804,6 @@ struct BackwardGrads {
         }
         __syncwarp();
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) add_row_sum(dgs, acc_row(2 * half), row_e[half]);
       store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
       store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
     }
@@ -824,7 +821,7 @@ struct BackwardGrads {
           dk[4 * j + e] *= rho[e / 2];
         }
       __syncwarp();
-      add_row_dots(dgs, dq, s.q + group * kPanelBytes, 1.f);  // dg_s's dK_a term is stage B's a
+      add_row_dots(row_dg, dq, s.q + group * kPanelBytes);  // dg_s's dK_a term is stage B's a
     }
     wg::fence_shared_to_async();
     __syncthreads();
@@ -884,9 +881,9 @@ struct BackwardGrads {
           y[4 * j + e] = s.beta[row] * dl;  // dM = diag(beta) dL, strictly lower
         }
       store_panel<32>(s.ag, 4 * group, [&](int j, int e) { return y[4 * j + e]; });
-#pragma unroll
-      for (int half = 0; half < 2; ++half) add_row_sum(s.dbeta_row[warp], acc_row(2 * half), row_beta[half]);
-      add_row_dots(dgs, dk_rest, s.k + group * kPanelBytes, 1.f);  // rowsum(K (.) dU S^T)
+      add_row_sums(s.dbeta_row[warp], row_beta);
+      add_row_dots(row_dg, dk_rest, s.k + group * kPanelBytes);  // rowsum(K (.) dU S^T)
+      add_row_sums(dgs, row_dg);
     }
     wg::fence_shared_to_async();
     __syncthreads();
