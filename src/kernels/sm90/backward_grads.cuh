@@ -812,14 +812,10 @@ struct BackwardGrads {
       wg::fence_operand(dq);
       wg::fence_operand(dk);
       const float qf[2] = {scale * exp2_approx(row_gate[0]), scale * exp2_approx(row_gate[1])};
-      const float rho[2] = {exp2_approx(gamma - row_gate[0]), exp2_approx(gamma - row_gate[1])};
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dq[4 * j + e] *= qf[e / 2];
-          dk[4 * j + e] *= rho[e / 2];
-        }
+        for (int e = 0; e < 4; ++e) dq[4 * j + e] *= qf[e / 2];  // dK_a's rho: at stage E's sum
       __syncwarp();
       add_row_dots(row_dg, dq, s.q + group * kPanelBytes);  // dg_s's dK_a term is stage B's a
     }
@@ -935,10 +931,13 @@ struct BackwardGrads {
       wg::fence_operand(dk);
       wg::fence_operand(dk_rest);
       timeline_mark(p, group, it.ordinal, 7);
+      // dK_a's factor rho from the gate record (before the barrier: the next item's late set rewrites
+      // it), not kept in registers since stage C (4 bytes spilled at 255 registers)
+      const float rho[2] = {exp2_approx(gamma - s.gcum[acc_row(0)]), exp2_approx(gamma - s.gcum[acc_row(2)])};
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
       if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
 #pragma unroll
-      for (int x = 0; x < 32; ++x) dk[x] += dk_rest[x];
+      for (int x = 0; x < 32; ++x) dk[x] = fmaf(rho[(x % 4) / 2], dk[x], dk_rest[x]);  // dK_a = rho (.) (Vd dS^T)
     }
     if (add_partial) {  // the group's running dk sum
       tma::wait(&s.partial_dk, partial_phase());
