@@ -143,15 +143,18 @@ struct BackwardGrads {
     v += __shfl_xor_sync(0xffffffffu, v, 2);
     if (threadIdx.x % 4 < 2) dst[acc_row(0) + 8 * (threadIdx.x % 2)] += v;
   }
-  // Sums over the 8 lanes of an accumulator column (a warp's 8 rows lane / 4) of a column pair held
-  // as x[0], x[1] (columns 2 (lane % 4) + d of a block): lanes 0-15 return column d = 0's, lanes
-  // 16-31 d = 1's (the first step trades halves, so a pair costs 3 shuffles, not 6).
-  static __device__ __forceinline__ float column_pair_sum(const float (&x)[2]) {
-    const bool upper = threadIdx.x % 32 >= 16;
-    float v = (upper ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, upper ? x[0] : x[1], 16);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    return v;
+  // Column sums over the 8 lanes of an accumulator column (a warp's 8 rows lane / 4) of two column
+  // pairs, x[q][d] at columns 2 (lane % 4) + d of a block, one sum a lane: the first step trades
+  // pairs (lanes 16.. keep q = 1), the second columns (lanes 8..15, 24.. keep d = 1), the third adds:
+  // lane l returns pair l / 16's column 2 (l % 4) + l / 8 % 2 (lanes l and l ^ 4 alike), 4 shuffles
+  // for the four columns, not 6.
+  static __device__ __forceinline__ float column_quad_sum(const float (&x)[2][2]) {
+    const bool upper = threadIdx.x % 32 >= 16, odd = threadIdx.x % 16 >= 8;
+    float v[2];
+#pragma unroll
+    for (int d = 0; d < 2; ++d) v[d] = (upper ? x[1][d] : x[0][d]) + __shfl_xor_sync(0xffffffffu, upper ? x[0][d] : x[1][d], 16);
+    const float w = (odd ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 8);
+    return w + __shfl_xor_sync(0xffffffffu, w, 4);
   }
 
   // unpack_pair, with bf16's upper half by a mask (one LOP3): __bfloat1622float2 moves it down and
@@ -773,10 +776,14 @@ struct BackwardGrads {
       copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
                          h * bp.dv_strides.head + 64 * group,
                      bp.dv_strides.token, dv_panel, rows);
-      // dP, dA_r, E and dbeta's column terms over columns 32 g ..
+      // dP, dA_r, E and dbeta's column terms over columns 32 g ..; column_quad_sum's sums go to dg_s
+      // (lanes 0..15: -colsum(E)) and dbeta (16..: colsum(dAg (.) G (.) A_r))
+      static_assert(offsetof(SharedStorage, dbeta_col) == offsetof(SharedStorage, dgs_part) + 8 * kChunk * 4,
+                    "a warp's dbeta column partials 8 rows of partials after its dg_s ones");
+      float* const col_dst = dgs + (lane >= 16 ? 8 * kChunk : 0) + 32 * group + acc_col(0, 0) + lane / 8 % 2;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        float col_e[2] = {0.f, 0.f}, col_beta[2] = {0.f, 0.f};  // columns col0 + d, both row halves
+        float col_sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // -E, dAg G A_r at columns col0 + d, both row halves
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int row = acc_row(e), col = 32 * group + acc_col(j, e);
@@ -789,20 +796,16 @@ struct BackwardGrads {
             dar[d] = t * s.beta[col + d];
             const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
             row_dg[e / 2] += energy;
-            col_e[d] += energy;
-            col_beta[d] += t * a_r[x];
+            col_sum[0][d] -= energy;
+            col_sum[1][d] += t * a_r[x];
           }
           dpg[4 * j + e] = dp[0], dpg[4 * j + e + 1] = dp[1];  // dPg's registers now hold dP
           dag[4 * j + e] = dar[0], dag[4 * j + e + 1] = dar[1];  // dAg's registers now hold dA_r
         }
-        // column terms of this j's column pair over the warp's 16 rows: lanes 16.. hold the second
-        const int col = 32 * group + acc_col(j, 0) + (lane >= 16 ? 1 : 0);
-        const float ce = column_pair_sum(col_e), cb = column_pair_sum(col_beta);
-        if (lane % 16 < 4) {
-          dgs[col] -= ce;
-          s.dbeta_col[warp][col] += cb;
-        }
-        __syncwarp();
+        // this j's column terms over the warp's 16 rows (each (array, column) added by one lane: no
+        // other lane of the warp touches it before the next barrier)
+        const float col_term = column_quad_sum(col_sum);
+        if (lane % 8 < 4) col_dst[8 * j] += col_term;
       }
       store_panel<32>(s.dp, 4 * group, [&](int j, int e) { return dpg[4 * j + e]; });
       store_panel<32>(s.dar, 4 * group, [&](int j, int e) { return dag[4 * j + e]; });
