@@ -662,8 +662,9 @@ struct BackwardGrads {
         __syncwarp();  // every lane's reads before the writes (ldmatrix rows are shared across lanes)
         store_panel<64>(panel, 0, [&](int j, int e) { return u[4 * j + e]; });
       }
-      // s G (.) P formed at every position, then selected: unconditional, the gates' loads merge
-      // (LDS.128) and ptxas stops reloading the scale per predicated element (LDC)
+      // G formed at every position, then selected: unconditional, the gates' loads merge (LDS.128) and
+      // ptxas stops reloading the scale per predicated element (LDC). s G (.) P needs no select of its
+      // own: G is zero above the diagonal (P is finite)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -672,11 +673,7 @@ struct BackwardGrads {
           const float g = exp2_approx(row_gate[e / 2] - s.gcum[col]);
           gate[4 * j + e] = row >= col ? g : 0.f;
         }
-      store_panel<32>(s.pg, 4 * group, [&](int j, int e) {
-        const int row = acc_row(e), col = 32 * group + acc_col(j, e);
-        const float pg = scale * gate[4 * j + e] * qk[4 * j + e];
-        return row >= col ? pg : 0.f;
-      });
+      store_panel<32>(s.pg, 4 * group, [&](int j, int e) { return scale * gate[4 * j + e] * qk[4 * j + e]; });
     }
     wg::fence_shared_to_async();
     if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // the previous item's running sum read out of Vd, dVd, dU, dA_r, dP
