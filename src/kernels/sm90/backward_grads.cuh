@@ -97,6 +97,8 @@ struct BackwardGrads {
   struct Item {
     int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
     int rows, h, hk;
+    int group_rank;      // h's place among its q/k head's v-heads (formed by the issuer's lookup, not per item by all)
+    bool group_last;     // h is its q/k head's last v-head
     bool sequence_last;  // the chunk ends its sequence
     uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
     bool valid;
@@ -278,7 +280,10 @@ struct BackwardGrads {
       }
       it.index = index;
       it.h = static_cast<int>(index % p.num_v_heads);
-      it.hk = it.h / (p.num_v_heads / p.num_qk_heads);
+      const int group = p.num_v_heads / p.num_qk_heads;
+      it.hk = it.h / group;
+      it.group_rank = it.h - it.hk * group;
+      it.group_last = it.group_rank + 1 == group;
       return it;
     }
     return it;
@@ -603,19 +608,26 @@ struct BackwardGrads {
     const float scale = p.scale;
     const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
     const int rows = it.rows, h = it.h;
-    const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
-    const int group_rank = h - it.hk * group_size;           // the v-head's place in its group
+    const int group_rank = it.group_rank;  // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
+    const bool pass_partial = bp.group_sums && !it.group_last;  // a running sum for the group's next v-head
     // the running sums staged so far (each mbarrier's phases): every earlier unit of this CTA's (all
     // its items valid: a unit's v-heads share the chunk) staged group_size - 1, this unit group_rank - 1;
     // its parity formed where it is waited on (kept live across the item, it spilled at 255 registers)
-    const auto partial_phase = [&] { return (it.ordinal / group_size * (group_size - 1) + group_rank - 1) % 2; };
+    const auto partial_phase = [&] {
+      const int group_size = p.num_v_heads / p.num_qk_heads;  // v-heads per q/k head
+      return (it.ordinal / group_size * (group_size - 1) + group_rank - 1) % 2;
+    };
 
     // ── Stage 0 ───────────────────────────────────────────────────────────────────────────────
-    for (int e = threadIdx.x; e < 8 * kChunk; e += kThreads) {  // a warp's partials cover its group's columns only
-      (&s.dgs_part[0][0])[e] = 0.f;
-      (&s.dbeta_col[0][0])[e] = 0.f;
-      (&s.dbeta_row[0][0])[e] = 0.f;
+    {  // a warp's partials cover its group's columns only: all three arrays zeroed, 16-byte units t, t + 256
+      static_assert(offsetof(SharedStorage, dbeta_col) == offsetof(SharedStorage, dgs_part) + 8 * kChunk * 4 &&
+                        offsetof(SharedStorage, dbeta_row) == offsetof(SharedStorage, dbeta_col) + 8 * kChunk * 4 &&
+                        offsetof(SharedStorage, dgs_part) % 16 == 0 && 3 * 8 * kChunk * 4 == 16 * (kThreads + kThreads / 2),
+                    "the three partial arrays back to back, 1.5 16-byte units a thread");
+      uint4* const partials = reinterpret_cast<uint4*>(&s.dgs_part[0][0]) + threadIdx.x;
+      partials[0] = make_uint4(0, 0, 0, 0);
+      if (threadIdx.x < kThreads / 2) partials[kThreads] = make_uint4(0, 0, 0, 0);
     }
     // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now, kept in
     // shared memory for the end (stage A forms every other chunk's there)
@@ -944,7 +956,7 @@ struct BackwardGrads {
       timeline_mark(p, group, it.ordinal, 8);
       add_staged_partial(s, true, group, dk);
     }
-    if (bp.group_sums && group_rank + 1 < group_size) {
+    if (pass_partial) {
       // The running sum for the group's next v-head, staged for run()'s bulk store: dq in Vd, dVd
       // (rows 48..63 where this thread read dk's rows 48..63); dk's rows 0..31 in dU, 32..47 in place
       // in dA_r, 48..63 in dP.
@@ -1001,7 +1013,7 @@ struct BackwardGrads {
     if (warp == 1) store_dbeta(bp, s, it);
 
     timeline_mark(p, group, it.ordinal, 10);
-    return bp.group_sums && group_rank + 1 < group_size ? unit_partial(bp, it) : nullptr;
+    return pass_partial ? unit_partial(bp, it) : nullptr;
   }
 };
 
