@@ -36,7 +36,7 @@
 //   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
 //      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
 //      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
-//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM, staged in V's panel g), dU = -Gamma dW -> dU
+//   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM, staged in dU's panel g: D's dU S^T reads it)
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
 //      dg_s += rowsum(E) - colsum(E), dbeta += colsum(dAg (.) G (.) A_r)
@@ -47,8 +47,8 @@
 //      (RS, n32, A_r rows 32 g.. "K"), KK = K K^T (n32): dL = -StrictLower(Y), dbeta += rowsum(dL (.) KK),
 //      dM = diag(beta) dL -> Ag's bytes;  E's first terms, which need nothing from D, in flight
 //      under it (issued right behind X; waited for with Y, KK):
-//      dq = dQ_a + dP K (K panel g "MN");  dk_rest = dU S^T (S^T panel g "MN", its own accumulator):
-//      dg_s += rowsum(K (.) dk_rest)
+//      dq = dQ_a + dP K (K panel g "MN");  dk_rest = dU S^T = -Gamma (dW S^T) (dW in bf16 from dv's
+//      staging, S^T panel g "MN", its own accumulator, rows scaled after): dg_s += rowsum(K (.) dk_rest)
 //   E  dk = dK_a + dk_rest + dP^T Q (dP "MN") + dM K + dM^T K (dM "K", "MN"; onto dk_rest) -> HBM
 //      (direct or a group's sum: stmatrix to dU, Vd panel g, group barrier, 16-byte row pieces);
 //      dgamma = e^gamma <dS, S> + sum a at row 63 (<dS, S> from stage A, or for a sequence's last
@@ -236,9 +236,10 @@ struct BackwardGrads {
   }
 
   // Stage E's first terms, which need nothing from stage D: dq += dP K onto the registers' dQ_a and
-  // dk_rest = dU S^T (K, S^T panel g "MN"), issued (not committed). dU S^T has its own accumulator:
-  // dg_s's term rowsum(K (.) dU S^T) is then one row dot, not rowsum(K (.) (dK_a + dU S^T)) less
-  // stage C's rowsum(K (.) dK_a).
+  // dk_rest = dW S^T (dW: dv's bf16 staging in dU's tile; K, S^T panel g "MN"), issued (not
+  // committed); stage D scales dk_rest's rows by -e^g (dU S^T = -Gamma dW S^T). dU S^T has its own
+  // accumulator: dg_s's term rowsum(K (.) dU S^T) is then one row dot, not rowsum(K (.) (dK_a + dU S^T))
+  // less stage C's rowsum(K (.) dK_a).
   static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk_rest) {
     mma_opaque<64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
     mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk_rest, s.du, kChunk, s.st + group * kStatePanelBytes,
@@ -771,16 +772,11 @@ struct BackwardGrads {
       wg::fence_operand(dw);
       wg::fence_operand(dpg);
       wg::fence_operand(dag);
-      // dv = dW (valid rows) staged in W's panel g (both groups' dAg have read W: V's tile is free until
-      // the next item's early set), then 16-byte row pieces; dU = -Gamma dW
-      __syncthreads();
-      unsigned char* dv_panel = s.v + group * kPanelBytes;
+      // dv = dW (valid rows) staged in dU's panel g (free since the previous item's running sum was read
+      // out before stage B), then 16-byte row pieces; the staged bf16 dW is also stage D's dU S^T operand
+      // (dU = -Gamma dW: the rows' -e^g applied to that product's fp32 rows, not to a dU tile)
+      unsigned char* dv_panel = s.du + group * kPanelBytes;
       store_panel<64>(dv_panel, 0, [&](int j, int e) { return dw[4 * j + e]; });
-      // -Gamma as a value ptxas cannot see through: it otherwise multiplies by e^g and negates each
-      // product apart (FADD -x, -0: F2FP takes no negated operand), 32 instructions more
-      float neg_decay[2] = {-exp2_approx(row_gate[0]), -exp2_approx(row_gate[1])};
-      asm("" : "+f"(neg_decay[0]), "+f"(neg_decay[1]));
-      store_panel<64>(s.du + group * kPanelBytes, 0, [&](int j, int e) { return neg_decay[e / 2] * dw[4 * j + e]; });
       group_sync(group);
       copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
                          h * bp.dv_strides.head + 64 * group,
@@ -878,6 +874,11 @@ struct BackwardGrads {
       wg::fence_operand(kk);
       wg::fence_operand(dq);
       wg::fence_operand(dk_rest);
+      {  // dU S^T = -Gamma (dW S^T): the rows' -e^g from the gate record (not kept in registers since stage A)
+        const float neg_decay[2] = {-exp2_approx(s.gcum[acc_row(0)]), -exp2_approx(s.gcum[acc_row(2)])};
+#pragma unroll
+        for (int x = 0; x < 32; ++x) dk_rest[x] *= neg_decay[(x % 4) / 2];
+      }
       float row_beta[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
