@@ -631,9 +631,11 @@ struct BackwardGrads {
       if (threadIdx.x < kThreads / 2) partials[kThreads] = make_uint4(0, 0, 0, 0);
     }
     // a sequence's last chunk: <dS_T, S> from the pre-pass (8 partial sums), fetched now, kept in
-    // shared memory for the end (stage A forms every other chunk's there)
+    // shared memory for the end (stage A forms every other chunk's there); a branch, not a select:
+    // the other lanes and warps skip the load's address math
     const bool from_prepass = warp == 0 && lane < 8 && prepass_dot(bp, it);
-    const float prepass_dot_part = from_prepass ? p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane] : 0.f;
+    float prepass_dot_part = 0.f;
+    if (from_prepass) prepass_dot_part = p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane];
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
