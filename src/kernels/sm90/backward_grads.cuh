@@ -484,24 +484,42 @@ struct BackwardGrads {
     return it.sequence_last && bp.fwd.final_grad_dots != nullptr;
   }
 
-  // <dS, S> over this thread's share of the S^T and dS^T tiles (one layout: the same box geometry and
-  // swizzle, so elementwise products need no unswizzling): 16-byte units t, t + 256, .. of each.
+  // ldmatrix_x4 (warp_mma.cuh) from a shared-window address formed here (state_dot's XOR steps)
+  static __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t shared_address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address));
+  }
+  // <dS, S> over this warp's 16 rows of the S^T and dS^T tiles (one layout: the same box geometry and
+  // swizzle) on the tensor cores: with the rows' S^T as A (m16, k = the 128 columns) and their dS^T as
+  // B (two n8 halves), entry (r, r) of the product is row r's dot, so the diagonal's sum is the warp's
+  // share (this lane's diagonal entries returned; 16 mma and 16 ldmatrix a warp, not 2048 products
+  // from unpacked pairs). ldmatrix addresses: lane l reads A's row 16 w + l % 16 at k-unit l / 16 (the
+  // A fragment's matrix order) and B's row 16 w + 8 (l / 16) + l % 8 at k-unit l / 8 % 2 (each n8
+  // half's two matrices in consecutive registers); k-unit u of k-step ks lies at 16-byte unit
+  // (u ^ row % 8) ^ 2 ks of a panel row (128-byte swizzle): one XOR a k-step and operand, the other
+  // panel at an immediate.
   static __device__ __forceinline__ float state_dot(const SharedStorage& s) {
-    constexpr int kUnits = kStateTileBytes / 16 / kThreads;
-    float sum[2] = {0.f, 0.f};
+    const int lane = threadIdx.x % 32, a_row = 16 * (threadIdx.x / 32) + lane % 16;
+    const int b_row = 16 * (threadIdx.x / 32) + 8 * (lane / 16) + lane % 8;  // b_row % 8 == a_row % 8
+    const uint32_t a_first = smem_addr(s.st) + a_row * 128 + ((lane / 16) ^ (lane % 8)) * 16;
+    const uint32_t b_first = smem_addr(s.dst) + b_row * 128 + ((lane / 8 % 2) ^ (lane % 8)) * 16;
+    float diag[2][4] = {};  // rows x columns 0..7 (rows 0..7's diagonal), rows x 8..15 (rows 8..15's)
 #pragma unroll
-    for (int i = 0; i < kUnits; ++i) {
-      const int unit = threadIdx.x + kThreads * i;
-      const uint4 a = reinterpret_cast<const uint4*>(s.st)[unit];
-      const uint4 d = reinterpret_cast<const uint4*>(s.dst)[unit];
-      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, dw[4] = {d.x, d.y, d.z, d.w};
+    for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 x = unpack(aw[w]), y = unpack(dw[w]);
-        sum[w % 2] = fmaf(x.y, y.y, fmaf(x.x, y.x, sum[w % 2]));  // two FFMA a pair (rounds differently from p + q)
+      for (int panel = 0; panel < 2; ++panel) {
+        uint32_t a[4], b[4];
+        ldmatrix_x4_at(a, (a_first ^ (32u * ks)) + panel * kStatePanelBytes);
+        ldmatrix_x4_at(b, (b_first ^ (32u * ks)) + panel * kStatePanelBytes);
+        mma_16816<Elem>(diag[0], a, b[0], b[1]);
+        mma_16816<Elem>(diag[1], a, b[2], b[3]);
       }
     }
-    return sum[0] + sum[1];
+    // C layout: this lane's entries (lane / 4, 2 (lane % 4) + i) and (lane / 4 + 8, ..): on the diagonal
+    // where lane / 4 == 2 (lane % 4) + i
+    const int r = lane / 4, c = 2 * (lane % 4);
+    return r == c ? diag[0][0] + diag[1][2] : r == c + 1 ? diag[0][1] + diag[1][3] : 0.f;
   }
 
   // dgamma, then dg = reverse cumsum of dg_s over the chunk (warp 0, two rows a lane), from the
