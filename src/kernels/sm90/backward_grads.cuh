@@ -209,6 +209,16 @@ struct BackwardGrads {
     }
   }
 
+  // A full chunk's staged output panel g (64 tokens x 64 columns at column 64 g of `head`) to HBM by
+  // TMA from the group's first thread (tma_outputs; its stmatrix writes fenced for the async proxy and
+  // the group's barrier passed): its bulk group is waited for (read) by the same thread before the
+  // panel's tile is rewritten (stage E's barrier for dU's dv, stage A's end for dU's dq and Vd's dk).
+  static __device__ __forceinline__ void store_output(const CUtensorMap* map, const unsigned char* panel, int group,
+                                                      int head, const Item& it) {
+    if (threadIdx.x % 128 == 0)
+      tma::store_4d(map, panel, 64 * group, head, static_cast<int>(it.t0), static_cast<int>(it.b));
+  }
+
   // Row dots of an m64n64 accumulator with a 64-column panel at the same positions, added to this
   // thread's row partials (row_sum[half]: row acc_row(2 half), as add_row_sums) by two FFMA a pair.
   static __device__ __forceinline__ void add_row_dots(float (&row_sum)[2], const Acc& acc, const unsigned char* panel) {
@@ -609,7 +619,7 @@ struct BackwardGrads {
       __syncthreads();  // warps 0, 1's reads of the partials before the next item zeroes them; the staged sum complete
       if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
-    if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
+    if (threadIdx.x % 128 == 0) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
   // The item in s.next: its stages; on the way, the next item (looked up under the previous item's
@@ -709,7 +719,9 @@ struct BackwardGrads {
       store_panel<32>(s.pg, 4 * group, [&](int j, int e) { return scale * gate[4 * j + e] * qk[4 * j + e]; });
     }
     wg::fence_shared_to_async();
-    if (threadIdx.x == kIssuer) tma::wait_bulk_read<0>();  // the previous item's running sum read out of Vd, dVd, dU, dA_r, dP
+    // the previous item's running sum (the issuer) and dq, dk panels (TMA, each group's first thread)
+    // read out of Vd, dVd, dU, dA_r, dP
+    if (threadIdx.x % 128 == 0) tma::wait_bulk_read<0>();
     __syncthreads();
     timeline_mark(p, group, it.ordinal, 2);
 
@@ -797,10 +809,17 @@ struct BackwardGrads {
       // (dU = -Gamma dW: the rows' -e^g applied to that product's fp32 rows, not to a dU tile)
       unsigned char* dv_panel = s.du + group * kPanelBytes;
       store_panel<64>(dv_panel, 0, [&](int j, int e) { return dw[4 * j + e]; });
+      const bool tma_out = maps.tma_outputs && rows == kChunk;  // store_output's panels, else copy_rows
+      if (tma_out) wg::fence_shared_to_async();
       group_sync(group);
-      copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
-                         h * bp.dv_strides.head + 64 * group,
-                     bp.dv_strides.token, dv_panel, rows);
+      if (tma_out) {
+        store_output(&maps.dv, dv_panel, group, h, it);
+        if (threadIdx.x % 128 == 0) tma::commit_bulk();
+      } else {
+        copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
+                      h * bp.dv_strides.head + 64 * group,
+                  bp.dv_strides.token, dv_panel, rows);
+      }
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..; column_quad_sum's sums go to dg_s
       // (lanes 0..15: -colsum(E)) and dbeta (16..: colsum(dAg (.) G (.) A_r))
       static_assert(offsetof(SharedStorage, dbeta_col) == offsetof(SharedStorage, dgs_part) + 8 * kChunk * 4,
@@ -967,6 +986,7 @@ struct BackwardGrads {
       // dK_a's factor rho from the gate record (before the barrier: the next item's late set rewrites
       // it), not kept in registers since stage C (4 bytes spilled at 255 registers)
       const float rho[2] = {exp2_approx(gamma - s.gcum[acc_row(0)]), exp2_approx(gamma - s.gcum[acc_row(2)])};
+      if (threadIdx.x % 128 == 0) tma::wait_bulk_read<0>();  // dv's TMA store has read dU's panel (restaged below)
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
       if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
 #pragma unroll
@@ -1006,14 +1026,22 @@ struct BackwardGrads {
       unsigned char* dk_panel = s.vd + group * kPanelBytes;
       store_panel<64>(dq_panel, 0, [&](int j, int e) { return dq[4 * j + e]; });
       store_panel<64>(dk_panel, 0, [&](int j, int e) { return dk[4 * j + e]; });
+      const bool tma_out = maps.tma_outputs && rows == kChunk;
+      if (tma_out) wg::fence_shared_to_async();
       group_sync(group);
       const int head = bp.direct_qk ? h : it.hk;
-      copy_rows(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
-                         head * bp.dq_strides.head + 64 * group,
-                     bp.dq_strides.token, dq_panel, rows);
-      copy_rows(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
-                         head * bp.dk_strides.head + 64 * group,
-                     bp.dk_strides.token, dk_panel, rows);
+      if (tma_out) {
+        store_output(&maps.dq, dq_panel, group, head, it);
+        store_output(&maps.dk, dk_panel, group, head, it);
+        if (threadIdx.x % 128 == 0) tma::commit_bulk();
+      } else {
+        copy_rows(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
+                      head * bp.dq_strides.head + 64 * group,
+                  bp.dq_strides.token, dq_panel, rows);
+        copy_rows(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
+                      head * bp.dk_strides.head + 64 * group,
+                  bp.dk_strides.token, dk_panel, rows);
+      }
     } else {  // every v-head's dq, dk in fp32, summed by qk_grads (a row's pointer once, its columns by immediates)
       const int64_t first = ((b * p.seqlen + t0 + acc_row(0)) * p.num_v_heads + h) * kHeadDim + 64 * group + acc_col(0, 0);
       const int64_t row8 = 8 * static_cast<int64_t>(p.num_v_heads) * kHeadDim;  // row + 8

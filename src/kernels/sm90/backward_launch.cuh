@@ -55,6 +55,16 @@ cudaError_t launch_backward_grads(const BackwardParams& p, int num_sms, cudaStre
   if (encode_backward_maps(boxes, p.d_o, p.d_o_strides, p.chunk_grad_states, p.fwd.max_chunks, E == ElemKind::kF16,
                            &maps) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
+  // the outputs' maps (tensor_map.h): where one does not encode (an address or stride not a 16-byte
+  // multiple), every panel goes out in row pieces
+  const auto output_map = [&](CUtensorMap* map, void* base, const RowStrides& strides, int heads) {
+    return encode_token_map(map, base, static_cast<uint64_t>(p.fwd.batch), static_cast<uint64_t>(p.fwd.seqlen),
+                            static_cast<uint64_t>(heads), 128, strides.batch, strides.token, strides.head,
+                            E == ElemKind::kF16) == CUDA_SUCCESS;
+  };
+  maps.tma_outputs = output_map(&maps.dv, p.dv, p.dv_strides, p.fwd.num_v_heads) &&
+                     (!(p.direct_qk || p.group_sums) || (output_map(&maps.dq, p.dq, p.dq_strides, p.fwd.num_qk_heads) &&
+                                                         output_map(&maps.dk, p.dk, p.dk_strides, p.fwd.num_qk_heads)));
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
   auto* kernel = backward_grads_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)

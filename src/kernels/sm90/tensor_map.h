@@ -110,6 +110,11 @@ struct BackwardTileMaps {
   ForwardTileMaps inputs;
   CUtensorMap d_o;
   CUtensorMap states, grad_states;
+  // The outputs dv, and dq, dk where the pass writes them in q's dtype (direct_qk, group_sums): a
+  // full chunk's staged panels are stored by TMA where every such map encoded (tma_outputs), else in
+  // 16-byte row pieces.
+  CUtensorMap dv, dq, dk;
+  bool tma_outputs;
 };
 
 inline CUresult encode_backward_maps(const ForwardParams& p, const void* d_o, const RowStrides& d_o_strides,

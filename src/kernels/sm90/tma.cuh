@@ -115,6 +115,16 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// The box at element coordinates (c0 innermost, .., c3) of a 4-D tensor map from `src` (shared memory)
+// to global memory, in this thread's current bulk group (commit_bulk closes it; wait_bulk_read before
+// `src` is rewritten). The box's earlier generic writes need fence.proxy.async and a barrier first.
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Box at element coordinates (c0 innermost, .., c3) of a 4-D tensor map into `dst`.
 __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint64_t* barrier, int c0, int c1, int c2,
                                         int c3) {
