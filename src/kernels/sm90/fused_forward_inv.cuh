@@ -440,7 +440,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true, true>(p, item, {k, slot.p, s.o, &s.free[buf]}, gate_tables(s, stage), c, h,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0}, gate_tables(s, stage), c, h,
                                                group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

@@ -341,13 +341,44 @@ struct FusedForwardRs {
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
-  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging pair and the slot's free barrier.
+  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging pair and the slot's free barrier;
+  // and this thread's o vectors (o_rows, with o).
   struct ChunkEnd {
     const unsigned char* k;
     const unsigned char* p;
     unsigned char (*o)[kTokenTileBytes];
     uint64_t* free;
+    int64_t o_rows;
   };
+
+  // A state group's o copy: its 64 columns of a chunk's tokens, staged in an o panel, to o in 16-byte
+  // vectors, thread t copying vector t % 8 of rows t / 8 + 16 i (i < 4). Its rows share their swizzle
+  // (row % 8): the shared addresses are its first plus 16 rows (immediates), the global ones its first
+  // plus 16 i token strides. o_rows: the element offset in o of this thread's first vector in the
+  // item's chunk 0, opaque so that the chunk's copy adds c kChunk token strides to it rather than
+  // re-deriving it from the chunk's first token and the thread's row (64-bit products each chunk).
+  // v4 forms it once per item; v5 at each chunk end (kept across its loop, the register pair spilled
+  // v5's fp16 kernel).
+  static __device__ __forceinline__ int64_t o_rows(const ForwardParams& p, const WorkItem& item, int h, int group) {
+    const int t = threadIdx.x % 128;
+    const int64_t stride = p.o_strides.token;
+    int64_t rows = item.batch * p.o_strides.batch + item.bos * stride + h * p.o_strides.head + 64 * group +
+                   ((t / 8) * stride + (t % 8) * 8);
+    asm volatile("" : "+l"(rows));
+    return rows;
+  }
+  // Rows 0 .. rows - 1 of chunk c's staged o panel.
+  static __device__ __forceinline__ void copy_o(const ForwardParams& p, const unsigned char* panel, int64_t o_rows,
+                                                int64_t c, int rows) {
+    const int t = threadIdx.x % 128, row = t / 8;
+    const int64_t stride = p.o_strides.token;
+    Elem* const out = static_cast<Elem*>(p.o) + (o_rows + c * kChunk * stride);
+    const unsigned char* src = panel + wg::swizzled_offset(row, (t % 8) * 8);
+#pragma unroll
+    for (int i = 0; i < kChunk / 16; ++i)
+      if (row + 16 * i < rows)
+        *reinterpret_cast<uint4*>(out + i * 16 * stride) = *reinterpret_cast<const uint4*>(src + i * 16 * 128);
+  }
 
   // A state group's chunk c from Vd^T and QS^T on: (rho Vd)^T and Vd^T (kExactUpdate, without o: the
   // low part of (rho Vd)^T, rho Vd - bf16(rho Vd)) as A fragments, QS^T columns
@@ -458,7 +489,7 @@ struct FusedForwardRs {
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
     // fit in the registers beside S^T's pinned fragments).
     timeline_mark(p, 1, c, 3);
-    if (kWithO && c > 0) Tiles::copy_out(p, at.o[(c - 1) & 1] + group * kPanelBytes, item.batch, t0 - kChunk, kChunk, h, col0);
+    if (kWithO && c > 0) copy_o(p, at.o[(c - 1) & 1] + group * kPanelBytes, at.o_rows, c - 1, kChunk);
     wg::wait<0>();
     wg::fence_operand(st);
     wg::fence_operand(o);
@@ -499,9 +530,9 @@ struct FusedForwardRs {
                                                      unsigned char (*o)[kTokenTileBytes], int64_t num_chunks, int h,
                                                      int group, const StateAcc& st) {
     if (kWithO && num_chunks > 0) {  // the last chunk's o
-      const int64_t last = num_chunks - 1, t0 = item.bos + last * kChunk, left = item.eos - t0;
-      Tiles::copy_out(p, o[last & 1] + group * kPanelBytes, item.batch, t0,
-                      left < kChunk ? static_cast<int>(left) : kChunk, h, 64 * group);
+      const int64_t last = num_chunks - 1, left = item.eos - (item.bos + last * kChunk);
+      copy_o(p, o[last & 1] + group * kPanelBytes, o_rows(p, item, h, group), last,
+             left < kChunk ? static_cast<int>(left) : kChunk);
     }
     // The work item again (pure): not kept in registers across the loop.
     if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
@@ -599,6 +630,7 @@ struct FusedForwardRs {
     start_item(p, item, group, st, st_frag);
 
     const bool save_states = !kWithO && p.chunk_states != nullptr;
+    const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       if (save_states) {
@@ -631,7 +663,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf]}, GatesFromLog{s.gcum[buf]}, c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromLog{s.gcum[buf]}, c, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
