@@ -23,7 +23,8 @@
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
 //         next sequence or garbage); P (a folded chunk, folds_gates: Q K^T masked, without G);
-//         -B~ = -Ag diag(Gamma) from Ag's fragments (ldmatrix); -W~; ready[c % 2].
+//         the gate tables 2^gcum[t] and rho_t (write_gate_tables); -B~ = -Ag diag(Gamma) from Ag's
+//         fragments (ldmatrix); -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -40,7 +41,9 @@
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta [2][64] fp32; mbarriers ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
+// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, decay, rho
+// [2][64] fp32 (decay, rho: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
+// (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
 // stages S^T's Elem fragments (the state entering the chunk) in its o staging and copies them to
@@ -89,6 +92,8 @@ struct FusedForwardRs {
     alignas(1024) unsigned char o[2][kTokenTileBytes];
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
+    alignas(16) float decay[2][kChunk];  // 2^gcum[t]            (the aux group, from gcum: write_gate_tables)
+    alignas(16) float rho[2][kChunk];    // 2^(gcum[63] - gcum[t])
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];
@@ -255,12 +260,24 @@ struct FusedForwardRs {
     timeline_mark(p, 0, 0, 11);
   }
 
+  // Aux thread i: 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's tables (GatesFromTables),
+  // read by the state groups after ready: one ex2 a thread here instead of 32 a state thread.
+  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int buf) {
+    const int i = threadIdx.x % 128, t = i % kChunk;
+    const float g = s.gcum[buf][t];
+    if (i < kChunk)
+      s.decay[buf][t] = exp2_approx(g);
+    else
+      s.rho[buf][t] = exp2_approx(s.gcum[buf][kChunk - 1] - g);
+  }
+
   // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
     aux_loop<true>(p, maps, s, with_o, hk, h, [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
                    [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
+      write_gate_tables(s, buf);
       chunk_products(p, s.slot[buf], s.gcum[buf], with_o, c, issue_next_if_free);
       wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
     });
@@ -323,20 +340,16 @@ struct FusedForwardRs {
   }
 
   // The per-token gate scales of a chunk's end, from its gcum (log2 units): 2^gcum[t] (QS^T's columns)
-  // and rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63]. v4 takes them from
-  // gcum here (two ex2 a pair); v5 reads tables its aux group wrote (FusedForwardInv::GateTables).
-  struct GatesFromLog {
+  // and rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63], as the tables v4's aux
+  // group writes (write_gate_tables; v5's: FusedForwardInv::GateTables).
+  struct GatesFromTables {
     const float* gcum;
+    const float* decay_t;
+    const float* rho_t;
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
-    __device__ __forceinline__ float2 decay_pair(int t) const {
-      const float2 g = *reinterpret_cast<const float2*>(gcum + t);
-      return {exp2_approx(g.x), exp2_approx(g.y)};
-    }
-    __device__ __forceinline__ float2 rho_pair(int t) const {
-      const float2 g = *reinterpret_cast<const float2*>(gcum + t);
-      return {exp2_approx(gamma() - g.x), exp2_approx(gamma() - g.y)};
-    }
-    __device__ __forceinline__ float decay(int t) const { return exp2_approx(gcum[t]); }
+    __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
+    __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
+    __device__ __forceinline__ float decay(int t) const { return decay_t[t]; }
     __device__ __forceinline__ float scaled_decay(int t, float scale) const { return scale * decay(t); }
   };
 
@@ -384,7 +397,7 @@ struct FusedForwardRs {
   // low part of (rho Vd)^T, rho Vd - bf16(rho Vd)) as A fragments, QS^T columns
   // *= Gamma, S^T *= e^gamma (Vd^T and QS^T share the m64n64 layout: element x = 8 ks + 2 q (+ 1) is
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
-  // fragments their registers would not fit; Gates: GatesFromLog or v5's tables); before_update();
+  // fragments their registers would not fit; Gates: GatesFromTables or v5's GateTables); before_update();
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
   // staged, the checkpoint.
   // folded (a folded chunk, never with kExactUpdate): P is Q K^T masked without its gates, so
@@ -663,7 +676,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromLog{s.gcum[buf]}, c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromTables{s.gcum[buf], s.decay[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
