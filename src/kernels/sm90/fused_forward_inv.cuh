@@ -112,6 +112,7 @@ struct FusedForwardInv {
   // once a chunk (write_gate_tables), so that the state groups' W and chunk end need no ex2 of their
   // own (48 a thread a chunk, on the SFU's 16 lanes a SM, in both groups at once).
   struct GateTables {
+    static constexpr bool kScaledDecay = false;  // decay_t: 2^gcum[t] (o scaled as staged)
     const float* gcum;
     const float* decay_t;
     const float* rho_t;

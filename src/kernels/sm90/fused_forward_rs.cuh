@@ -23,7 +23,7 @@
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
 //         next sequence or garbage); P (a folded chunk, folds_gates: Q K^T masked, without G);
-//         the gate tables 2^gcum[t] and rho_t (write_gate_tables); -B~ = -Ag diag(Gamma) from Ag's
+//         the gate tables scale 2^gcum[t] and rho_t (write_gate_tables); -B~ = -Ag diag(Gamma) from Ag's
 //         fragments (ldmatrix); -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
@@ -41,8 +41,8 @@
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, decay, rho
-// [2][64] fp32 (decay, rho: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
+// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, o_scale, rho
+// [2][64] fp32 (o_scale, rho: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
 // (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
@@ -92,8 +92,8 @@ struct FusedForwardRs {
     alignas(1024) unsigned char o[2][kTokenTileBytes];
     alignas(16) float gcum[2][kChunk];
     alignas(16) float beta[2][kChunk];
-    alignas(16) float decay[2][kChunk];  // 2^gcum[t]            (the aux group, from gcum: write_gate_tables)
-    alignas(16) float rho[2][kChunk];    // 2^(gcum[63] - gcum[t])
+    alignas(16) float o_scale[2][kChunk];  // p.scale 2^gcum[t]       (the aux group, from gcum: write_gate_tables)
+    alignas(16) float rho[2][kChunk];      // 2^(gcum[63] - gcum[t])
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];
@@ -134,11 +134,14 @@ struct FusedForwardRs {
 
   // P and -W~ of chunk c into `slot` (Ag arrived there from the chunk inverse, gated): -B~ = -Ag
   // diag(Gamma), Ag's fragments with column t scaled by -e^{g_t}. between() runs after P.
+  // P = |scale| G (.) QK^T with log2_scale = log2 |scale| in its exponent (no multiply), o's other term
+  // taking scale from the o_scale table (GatesFromTables; finish_chunk negates P's operand for a
+  // negative scale); a folded chunk's P stays unscaled (its o columns take scale 2^gcum after O's wgmmas).
   template <typename Between>
   static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
-                                                        bool with_o, int64_t c, Between&& between) {
+                                                        float log2_scale, bool with_o, int64_t c, Between&& between) {
     const int r = Tiles::acc_row(0);
-    const float g_rows[2] = {gcum[r], gcum[r + 8]};
+    const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
     float g_col[16];
     Aux::column_values(gcum, g_col);
     if (with_o) {
@@ -260,13 +263,14 @@ struct FusedForwardRs {
     timeline_mark(p, 0, 0, 11);
   }
 
-  // Aux thread i: 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's tables (GatesFromTables),
-  // read by the state groups after ready: one ex2 a thread here instead of 32 a state thread.
-  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int buf) {
+  // Aux thread i: scale 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's tables
+  // (GatesFromTables), read by the state groups after ready: one ex2 a thread here instead of 32 a
+  // state thread.
+  static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int buf, float scale) {
     const int i = threadIdx.x % 128, t = i % kChunk;
     const float g = s.gcum[buf][t];
     if (i < kChunk)
-      s.decay[buf][t] = exp2_approx(g);
+      s.o_scale[buf][t] = scale * exp2_approx(g);
     else
       s.rho[buf][t] = exp2_approx(s.gcum[buf][kChunk - 1] - g);
   }
@@ -274,11 +278,13 @@ struct FusedForwardRs {
   // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
+    float log2_scale = __log2f(fabsf(p.scale));
+    asm volatile("" : "+f"(log2_scale));  // once per item, not per chunk
     aux_loop<true>(p, maps, s, with_o, hk, h, [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
                    [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
-      write_gate_tables(s, buf);
-      chunk_products(p, s.slot[buf], s.gcum[buf], with_o, c, issue_next_if_free);
+      write_gate_tables(s, buf, p.scale);
+      chunk_products(p, s.slot[buf], s.gcum[buf], log2_scale, with_o, c, issue_next_if_free);
       wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
     });
   }
@@ -339,18 +345,20 @@ struct FusedForwardRs {
                   st);
   }
 
-  // The per-token gate scales of a chunk's end, from its gcum (log2 units): 2^gcum[t] (QS^T's columns)
-  // and rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63], as the tables v4's aux
-  // group writes (write_gate_tables; v5's: FusedForwardInv::GateTables).
+  // The per-token gate scales of a chunk's end, from its gcum (log2 units): o's column factors and
+  // rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63], as the tables v4's aux
+  // group writes (write_gate_tables; v5's: FusedForwardInv::GateTables). kScaledDecay: decay_pair is
+  // p.scale 2^gcum[t], o's whole column factor, and P carries |p.scale| (chunk_products), so o is staged
+  // as it is (v5: 2^gcum[t], o scaled as staged).
   struct GatesFromTables {
+    static constexpr bool kScaledDecay = true;
     const float* gcum;
-    const float* decay_t;
+    const float* o_scale_t;
     const float* rho_t;
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
-    __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(decay_t + t); }
+    __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(o_scale_t + t); }
     __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
-    __device__ __forceinline__ float decay(int t) const { return decay_t[t]; }
-    __device__ __forceinline__ float scaled_decay(int t, float scale) const { return scale * decay(t); }
+    __device__ __forceinline__ float scaled_decay(int t, float) const { return o_scale_t[t]; }
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
@@ -465,6 +473,14 @@ struct FusedForwardRs {
           }
         }
       }
+      if constexpr (kWithO && Gates::kScaledDecay) {
+        if (p.scale < 0.f) {  // P carries |scale|: O's operand -Vd^T (sign bits)
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) vd_plain[ks][q] ^= 0x80008000u;
+        }
+      }
     }
     if constexpr (!kStateDecayed) {  // (kStateDecayed: the caller scaled S^T already, under its Vd wgmmas)
       const float decay = exp2_approx(gates.gamma());
@@ -508,8 +524,8 @@ struct FusedForwardRs {
     wg::fence_operand(o);
     timeline_mark(p, 1, c, 4);
     if (kWithO && kFold == Fold::kP && folded) {
-      // v4: o's columns take 2^gcum before free (its gates live in the slot, which free hands to the
-      // aux's next loads), in one pass of pair loads
+      // v4: o's columns take scale 2^gcum before free (its gates live in the slot, which free hands
+      // to the aux's next loads), in one pass of pair loads
 #pragma unroll
       for (int j = 0; j < 8; ++j) {  // elements 4 j + e: columns 8 j + c_lane + e % 2
         const float2 decay_t = gates.decay_pair(8 * j + c_lane);
@@ -527,6 +543,9 @@ struct FusedForwardRs {
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
           return gates.scaled_decay(Tiles::acc_col(j, e), p.scale) * o[4 * j + e];
         });
+      else if constexpr (Gates::kScaledDecay)  // o's columns have their whole factor
+        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
+                                             [&](int j, int e) { return o[4 * j + e]; });
       else
         Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
                                              [&](int j, int e) { return p.scale * o[4 * j + e]; });
@@ -676,7 +695,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromTables{s.gcum[buf], s.decay[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
