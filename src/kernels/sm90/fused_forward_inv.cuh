@@ -294,7 +294,7 @@ struct FusedForwardInv {
       for (int q = 0; q < 4; ++q) {
         const int j = 2 * ks + q / 2, x = 4 * j + 2 * (q % 2);
         const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + c_lane);
-        const float2 v = unpack_pair<Elem>(vt[q]);
+        const float2 v = Rs::unpack(vt[q]);
         w[ks][q] = pack_pair<Elem>(v.x - d.x * u[x], v.y - d.y * u[x + 1]);
       }
     }

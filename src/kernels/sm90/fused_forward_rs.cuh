@@ -114,6 +114,15 @@ struct FusedForwardRs {
   // or v4's Vd itself (only P folded).
   enum class Fold { kVd, kP };
 
+  // unpack_pair with bf16's upper half by a mask (one LOP3) and its lower by a shift: __bfloat1622float2
+  // moves the upper half down and back up (PRMT + shift). The same values.
+  static __device__ __forceinline__ float2 unpack(uint32_t bits) {
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+      return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+    else
+      return unpack_pair<Elem>(bits);
+  }
+
   // ---- aux group ------------------------------------------------------------------------------
 
   // Rows rows..63 of the `panels` 64-row panels at `tiles` (each kPanelBytes apart) set to zero (a
@@ -159,7 +168,7 @@ struct FusedForwardRs {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int at = 4 * ks + 2 * (q / 2);  // columns 16 ks + 8 (q / 2) + c_lane (+ 1)
-        const float2 ag = unpack_pair<Elem>(b_tilde[ks][q]);
+        const float2 ag = unpack(b_tilde[ks][q]);
         b_tilde[ks][q] = pack_pair<Elem>(-exp2_approx(g_col[at]) * ag.x, -exp2_approx(g_col[at + 1]) * ag.y);
       }
     timeline_mark(p, 0, c, 5);
@@ -468,7 +477,7 @@ struct FusedForwardRs {
             o[x] *= decay_t.x;
             o[x + 1] *= decay_t.y;
           } else if constexpr (kExactUpdate) {  // the update operand's rounding error
-            const float2 hi = unpack_pair<Elem>(vd_decayed[ks][q]);
+            const float2 hi = unpack(vd_decayed[ks][q]);
             vd_plain[ks][q] = pack_pair<Elem>(decayed[0] - hi.x, decayed[1] - hi.y);
           }
         }
