@@ -380,7 +380,7 @@ struct FusedForwardInv {
         for (int ks = 0; ks < 8; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::k_step<Major::kK>(k0, 16 * ks, kChunk), ks > 0);
       }
-      if constexpr (kWithO) Rs::template issue_qs<true>(o, st_frag, slot.q);
+      if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -441,7 +441,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0}, gate_tables(s, stage), c, h,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0}, gate_tables(s, stage), c, h,
                                                group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

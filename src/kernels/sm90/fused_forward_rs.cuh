@@ -424,8 +424,8 @@ struct FusedForwardRs {
   // Fold::kVd (v5) where vd holds Vd' = Vd diag(2^-gcum) already: (rho Vd)^T = 2^gamma Vd'^T (one
   // factor) and Vd'^T is O's operand as it is; Fold::kP (v4) where vd is Vd: O's operand is Vd^T
   // diag(rho 2^-gamma) (rho from the gates, as the update's).
-  template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, bool kPinned = false, bool kStateDecayed = false,
-            typename Gates, typename BeforeUpdate>
+  template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, bool kStateDecayed = false, typename Gates,
+            typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
                                                       const Gates& gates, int64_t c, int h, int group, StateAcc& st,
                                                       Fragments (&st_frag)[8], Acc& vd, Acc& o,
@@ -498,30 +498,20 @@ struct FusedForwardRs {
     }
     before_update();
     wg::fence();
-    if constexpr (kPinned) {
-      const uint64_t k0 = wg::pinned_descriptor<Major::kMN>(at.k, kChunk);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
-    } else {
+    const uint64_t k0 = wg::pinned_descriptor<Major::kMN>(at.k, kChunk);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
-      wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
-    }
+      wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
     if constexpr (kExactUpdate) {  // S^T += (rho Vd - hi)^T K: the operand to ~2^-16
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::descriptor<Major::kMN>(at.k, 16 * ks, kChunk), true);
+        wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
     }
-    if constexpr (kWithO && kPinned) {
+    if constexpr (kWithO) {
       const uint64_t p0 = wg::pinned_descriptor<Major::kK>(at.p, kChunk);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::k_step<Major::kK>(p0, 16 * ks, kChunk), true);
-    } else if constexpr (kWithO) {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::descriptor<Major::kK>(at.p, 16 * ks, kChunk), true);
     }
     wg::commit();
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
@@ -582,19 +572,12 @@ struct FusedForwardRs {
   }
 
   // QS^T [64,64] = S^T [64,128] @ Q^T [128,64] into o, issued (the caller commits): S^T's A fragments
-  // against the slot's Q panel.
-  template <bool kPinned = false>
+  // against the slot's Q panel (a pinned descriptor advanced by k-steps: one add a wgmma).
   static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], const unsigned char* q) {
-    if constexpr (kPinned) {
-      const uint64_t q0 = wg::pinned_descriptor<Major::kK>(q, kChunk);
+    const uint64_t q0 = wg::pinned_descriptor<Major::kK>(q, kChunk);
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::k_step<Major::kK>(q0, 16 * ks, kChunk), ks > 0);
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::descriptor<Major::kK>(q, 16 * ks, kChunk), ks > 0);
-    }
+    for (int ks = 0; ks < 8; ++ks)
+      wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::k_step<Major::kK>(q0, 16 * ks, kChunk), ks > 0);
   }
 
   // A state group's start of an item (v4, v5): S^T from the initial state, and as A fragments (the
@@ -687,14 +670,14 @@ struct FusedForwardRs {
       // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
       Acc vd, o;
       wg::fence();
+      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kK, kChunk, true>(vd, slot.v + group * kPanelBytes, kChunk, slot.ag,
+                                                                   kChunk, false);
+      {
+        const uint64_t w0 = wg::pinned_descriptor<Major::kK>(slot.w_neg, kChunk);
 #pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kK>(vd, wg::descriptor<Major::kMN>(slot.v + group * kPanelBytes, k0, kChunk),
-                                                    wg::descriptor<Major::kK>(slot.ag, k0, kChunk), k0 > 0);
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::descriptor<Major::kK>(slot.w_neg, 16 * ks, kChunk),
-                                        true);
+        for (int ks = 0; ks < 8; ++ks)
+          wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::k_step<Major::kK>(w0, 16 * ks, kChunk), true);
+      }
       if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
       if (save_states)

@@ -177,10 +177,7 @@ struct FusedForwardWs {
                                                    float scale = 1.f) {
     Acc qk;
     wg::fence();
-#pragma unroll
-    for (int k0 = 0; k0 < kHeadDim; k0 += 16)
-      wg::mma_ss<Elem, 64, Major::kK, Major::kK>(qk, wg::descriptor<Major::kK>(slot.q, k0, kChunk),
-                                                 wg::descriptor<Major::kK>(slot.k, k0, kChunk), k0 > 0);
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(qk, slot.q, kChunk, slot.k, kChunk, false);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(qk);
@@ -198,11 +195,10 @@ struct FusedForwardWs {
     for (int panel = 0; panel < 2; ++panel) {
       Acc w;
       wg::fence();  // the fragment registers were just written
+      const uint64_t k0 = wg::pinned_descriptor<Major::kMN>(slot.k + panel * kPanelBytes, kChunk);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 64, Major::kMN>(w, b_tilde[ks],
-                                         wg::descriptor<Major::kMN>(slot.k + panel * kPanelBytes, 16 * ks, kChunk),
-                                         ks > 0);
+        wg::mma_rs<Elem, 64, Major::kMN>(w, b_tilde[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), ks > 0);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(w);
