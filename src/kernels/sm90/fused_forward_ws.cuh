@@ -34,6 +34,7 @@
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "kernels/sm90/fused_forward_wg.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
@@ -171,8 +172,9 @@ struct FusedForwardWs {
   // P [64,64] = scale G (.) (Q @ K^T), lower triangle with diagonal, into slot.p (gates in log2 units:
   // this thread's rows r, r + 8 and its columns, column_values); any slot with q, k and p tiles.
   // kGated false: scale (Q @ K^T) on the lower triangle, G left out (v4's folded chunks, whose state
-  // groups put it on Vd and o: FusedForwardRs::finish_chunk).
-  template <bool kGated = true, typename AnySlot>
+  // groups put it on Vd and o: FusedForwardRs::finish_chunk). kWarpCases: the epilogue specialised per
+  // warp (below); v3's aux group, at 136 registers with an fp32 inverse, spills with it.
+  template <bool kGated = true, bool kWarpCases = true, typename AnySlot>
   static __device__ __forceinline__ void product_p(AnySlot& slot, const float (&g_rows)[2], const float (&g_col)[16],
                                                    float scale = 1.f) {
     Acc qk;
@@ -181,11 +183,30 @@ struct FusedForwardWs {
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(qk);
-    Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
-      const int row = Tiles::acc_row(e), col = Tiles::acc_col(j, e);
-      if constexpr (!kGated) return row >= col ? scale * qk[4 * j + e] : 0.f;
-      return row >= col ? scale * exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
-    });
+    // Warp w's rows 16 w .. 16 w + 15 against column block j (8 columns): all on or below the diagonal
+    // for j < 2 w, all above it for j > 2 w + 1, so only blocks 2 w and 2 w + 1 compare per element
+    // (and the blocks above hold zeros without a product). With kWarpCases the warp index is a
+    // template argument (a warp-uniform switch), so each warp's code has its blocks' cases resolved at
+    // compile time; warp -1: not known, every element compared.
+    const auto store = [&](auto warp) {
+      constexpr int kWarp = decltype(warp)::value;
+      Tiles::store_fragments(slot.p, 0, [&](int j, int e) {
+        if (kWarp >= 0 && 8 * j > 16 * kWarp + 15) return 0.f;
+        const bool below = (kWarp >= 0 && 8 * j + 7 < 16 * kWarp) || Tiles::acc_row(e) >= Tiles::acc_col(j, e);
+        if constexpr (!kGated) return below ? scale * qk[4 * j + e] : 0.f;
+        return below ? scale * exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * qk[4 * j + e] : 0.f;
+      });
+    };
+    if constexpr (kWarpCases) {
+      switch ((threadIdx.x / 32) % 4) {
+        case 0: store(std::integral_constant<int, 0>{}); break;
+        case 1: store(std::integral_constant<int, 1>{}); break;
+        case 2: store(std::integral_constant<int, 2>{}); break;
+        default: store(std::integral_constant<int, 3>{}); break;
+      }
+    } else {
+      store(std::integral_constant<int, -1>{});
+    }
   }
 
   // -W~ [64,128] = (-B~) @ K into slot.w_neg, -B~ given as this thread's register A fragments; in
@@ -215,7 +236,7 @@ struct FusedForwardWs {
     const float g_rows[2] = {gcum[r], gcum[r + 8]};
     float g_col[16], beta_col[16];
     column_values(gcum, g_col);
-    if (with_o) product_p(slot, g_rows, g_col);
+    if (with_o) product_p<true, false>(slot, g_rows, g_col);
     timeline_mark(p, 0, c, 4);
 
     column_values(beta, beta_col);
