@@ -341,11 +341,33 @@ struct FusedForwardRs {
         st[x] = __bfloat162float(raw[x]);
     }
   }
+  // A state (checkpoint, final state, the dS pass's ds_start) from S^T's accumulator, as
+  // load_stored_state reads one: the element type decided once, four pointers a thread, each advanced
+  // by 8 k-rows a step (a 64-bit add and a store an element, where StateBlock::store formed each
+  // element's 64-bit offset from its coordinates).
   static __device__ void store_state(const StateBlock& out, int col0, const StateAcc& st) {
+    if (out.bf16)
+      store_stored_state<__nv_bfloat16>(out, col0, st);
+    else
+      store_stored_state<float>(out, col0, st);
+  }
+  template <typename T>
+  static __device__ __forceinline__ void store_stored_state(const StateBlock& to, int col0, const StateAcc& st) {
+    T* at[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      at[e] = static_cast<T*>(to.base) + (Tiles::acc_col(0, e) * to.k_stride + (col0 + Tiles::acc_row(e)) * to.v_stride);
+    const int64_t step = 8 * to.k_stride;
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out.store(Tiles::acc_col(j, e), col0 + Tiles::acc_row(e), st[4 * j + e]);
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (std::is_same_v<T, float>)
+          *at[e] = st[4 * j + e];
+        else
+          *at[e] = __float2bfloat16_rn(st[4 * j + e]);
+        at[e] += step;
+      }
   }
   static __device__ void store_checkpoint(const ForwardParams& p, const WorkItem& item, int64_t c, int rows, int h,
                                           int col0, const StateAcc& st) {
