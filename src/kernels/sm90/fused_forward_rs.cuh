@@ -126,11 +126,17 @@ struct FusedForwardRs {
   // ---- aux group ------------------------------------------------------------------------------
 
   // Rows rows..63 of the `panels` 64-row panels at `tiles` (each kPanelBytes apart) set to zero (a
-  // swizzled row keeps its 128 bytes): thread t of the group writes 16-byte units t, t + 128, ...
+  // swizzled row keeps its 128 bytes): thread t of the group writes 16-byte unit t % 8 of rows
+  // rows + t / 8 + 16 k (k < 4) of each panel, predicated stores with no division by the run-time
+  // unit count (a partial chunk's four calls took ~90 instructions a 16-byte unit).
   static __device__ __forceinline__ void zero_rows(unsigned char* tiles, int panels, int rows) {
-    const int units = (kChunk - rows) * 8;
-    for (int i = threadIdx.x % 128; i < panels * units; i += 128)
-      *reinterpret_cast<uint4*>(tiles + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
+    const int t = threadIdx.x % 128;
+    unsigned char* first = tiles + (rows + t / 8) * 128 + (t % 8) * 16;
+    for (int panel = 0; panel < panels; ++panel)
+#pragma unroll
+      for (int k = 0; k < kChunk / 16; ++k)
+        if (rows + t / 8 + 16 * k < kChunk)
+          *reinterpret_cast<uint4*>(first + panel * kPanelBytes + 16 * k * 128) = make_uint4(0, 0, 0, 0);
   }
 
   // This thread's A fragments of a [64][64] swizzled panel (fused_forward_ws.cuh's layout): k-step ks
