@@ -362,6 +362,7 @@ struct FusedForwardInv {
     StateAcc st;
     Fragments st_frag[8];
     Rs::start_item(p, item, group, st, st_frag);
+    const uint32_t out_lanes = kWithO ? Rs::o_lanes() : 0u;
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
@@ -441,7 +442,7 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0}, gate_tables(s, stage), c, h,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c, h,
                                                group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

@@ -400,13 +400,14 @@ struct FusedForwardRs {
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
   // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging pair and the slot's free barrier;
-  // and this thread's o vectors (o_rows, with o).
+  // and this thread's o vectors (o_rows) and o panel offsets (o_lanes), with o.
   struct ChunkEnd {
     const unsigned char* k;
     const unsigned char* p;
     unsigned char (*o)[kTokenTileBytes];
     uint64_t* free;
     int64_t o_rows;
+    uint32_t o_lanes;
   };
 
   // A state group's o copy: its 64 columns of a chunk's tokens, staged in an o panel, to o in 16-byte
@@ -425,13 +426,36 @@ struct FusedForwardRs {
     asm volatile("" : "+l"(rows));
     return rows;
   }
+  // This thread's byte offsets in an o panel, opaque as o_rows: the low 16 bits its stmatrix.trans
+  // row of the staging (stage_o), the high 16 its first vector of the copy (copy_o). Both are the
+  // same for every chunk: the staging's column blocks 2 jj are 16 jj rows on, the copy's vectors 16
+  // rows on, with the lane's swizzle (row % 8) unchanged. v4 and v5 form them once per item (one
+  // register; formed at each chunk end they cost v5 more than the offsets save).
+  static __device__ __forceinline__ uint32_t o_lanes() {
+    const int t = threadIdx.x % 128, lane = t % 32, m = lane / 8;
+    uint32_t lanes = wg::swizzled_offset(8 * (m / 2) + lane % 8, 16 * (t / 32) + 8 * (m % 2)) |
+                     wg::swizzled_offset(t / 8, (t % 8) * 8) << 16;
+    asm volatile("" : "+r"(lanes));
+    return lanes;
+  }
+  // Tiles::store_transposed<64> of o (element 4 j + e = value(j, e)) into a group's o panel.
+  template <typename F>
+  static __device__ __forceinline__ void stage_o(unsigned char* panel, uint32_t o_lanes, F&& value) {
+    unsigned char* const rows = panel + (o_lanes & 0xffffu);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t regs[4];
+      Tiles::pack_x4(regs, j, value);
+      stmatrix_x4_trans(rows + 8 * j * 128, regs);
+    }
+  }
   // Rows 0 .. rows - 1 of chunk c's staged o panel.
   static __device__ __forceinline__ void copy_o(const ForwardParams& p, const unsigned char* panel, int64_t o_rows,
-                                                int64_t c, int rows) {
-    const int t = threadIdx.x % 128, row = t / 8;
+                                                uint32_t o_lanes, int64_t c, int rows) {
+    const int row = (threadIdx.x % 128) / 8;
     const int64_t stride = p.o_strides.token;
     Elem* const out = static_cast<Elem*>(p.o) + (o_rows + c * kChunk * stride);
-    const unsigned char* src = panel + wg::swizzled_offset(row, (t % 8) * 8);
+    const unsigned char* src = panel + (o_lanes >> 16);
 #pragma unroll
     for (int i = 0; i < kChunk / 16; ++i)
       if (row + 16 * i < rows)
@@ -545,7 +569,7 @@ struct FusedForwardRs {
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
     // fit in the registers beside S^T's pinned fragments).
     timeline_mark(p, 1, c, 3);
-    if (kWithO && c > 0) copy_o(p, at.o[(c - 1) & 1] + group * kPanelBytes, at.o_rows, c - 1, kChunk);
+    if (kWithO && c > 0) copy_o(p, at.o[(c - 1) & 1] + group * kPanelBytes, at.o_rows, at.o_lanes, c - 1, kChunk);
     wg::wait<0>();
     wg::fence_operand(st);
     wg::fence_operand(o);
@@ -566,16 +590,15 @@ struct FusedForwardRs {
       // v5: o's columns take 2^gcum as they are staged, after free (its tables live in the key stage,
       // rewritten only after the next chunk's free). The same pass before free, as v4's, measured
       // +0.7..+2.7% on v5's kernel (session 30, candidate-s77 against candidate-s74).
+      unsigned char* const staging = at.o[c & 1] + group * kPanelBytes;
       if (kFold == Fold::kVd && folded)
-        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0, [&](int j, int e) {
+        stage_o(staging, at.o_lanes, [&](int j, int e) {
           return gates.scaled_decay(Tiles::acc_col(j, e), p.scale) * o[4 * j + e];
         });
       else if constexpr (Gates::kScaledDecay)  // o's columns have their whole factor
-        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
-                                             [&](int j, int e) { return o[4 * j + e]; });
+        stage_o(staging, at.o_lanes, [&](int j, int e) { return o[4 * j + e]; });
       else
-        Tiles::template store_transposed<64>(at.o[c & 1] + group * kPanelBytes, 0,
-                                             [&](int j, int e) { return p.scale * o[4 * j + e]; });
+        stage_o(staging, at.o_lanes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
     }
     const int64_t left = item.eos - t0;
     store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
@@ -590,7 +613,7 @@ struct FusedForwardRs {
                                                      int group, const StateAcc& st) {
     if (kWithO && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1, left = item.eos - (item.bos + last * kChunk);
-      copy_o(p, o[last & 1] + group * kPanelBytes, o_rows(p, item, h, group), last,
+      copy_o(p, o[last & 1] + group * kPanelBytes, o_rows(p, item, h, group), o_lanes(), last,
              left < kChunk ? static_cast<int>(left) : kChunk);
     }
     // The work item again (pure): not kept in registers across the loop.
@@ -683,6 +706,7 @@ struct FusedForwardRs {
 
     const bool save_states = !kWithO && p.chunk_states != nullptr;
     const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
+    const uint32_t out_lanes = kWithO ? o_lanes() : 0;
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       if (save_states) {
@@ -715,7 +739,7 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows, out_lanes}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
