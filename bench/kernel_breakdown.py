@@ -35,7 +35,6 @@ if importlib.util.find_spec("flashgdn") is None:
 import flashgdn  # noqa: E402
 from flashgdn import ops  # noqa: E402
 from flashgdn.bench.inputs import make_inputs  # noqa: E402
-from flashgdn.bench.runner import forward_cp_cache  # noqa: E402
 from flashgdn.bench.timing import time_graph  # noqa: E402
 
 DEFAULT = ["8x1024:16:32", "4x2048:16:32", "8x1024:2:8", "1x2048:16:32", "4x8192:16:32"]
@@ -61,7 +60,10 @@ def call_of(spec: str):
     if pinned and pinned[0] == "bwd":
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp in ("auto", "cache") else (1, 0) if cp == "off" else (2, int(cp))
-        cache = forward_cp_cache(x, inp["cu"], inp["cu_cpu"], inp["scale"]) if cp == "cache" else None
+        cache = None
+        if cp == "cache":  # imported here: A/B runs pass this script older packages, which lack it
+            from flashgdn.bench.runner import forward_cp_cache
+            cache = forward_cp_cache(x, inp["cu"], inp["cu_cpu"], inp["scale"])
         fn = lambda: flashgdn.chunk_gated_delta_rule_bwd(  # noqa: E731
             x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"], inp["cu"],
             inp["scale"], False, False, inp["cu_cpu"], mode, segment, cp_states=None if cache is None else cache[0],
