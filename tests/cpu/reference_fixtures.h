@@ -84,6 +84,29 @@ inline double frobenius(const std::vector<double>& a) {
   return std::sqrt(sum);
 }
 
+// Sizes the outputs of a non-expanding head cannot exceed, from its terms alone (no cancellation):
+// the final state's ||s0|| + sum_t |beta_t| |k_t| |v_t|, and o's scale sum_t |q_t| times that to t.
+// A rounding error relative to these is what the float64 forms can promise where o or the state
+// cancels to far below its terms (e.g. T = 1 with k . q ~ 0).
+struct OutputBounds {
+  double o = 0.0, state = 0.0;
+};
+inline OutputBounds output_bounds(const reference::HeadInputs& in) {
+  OutputBounds bounds;
+  double state = frobenius(in.s0);
+  for (int64_t t = 0; t < in.T; ++t) {
+    auto row_norm = [&](const std::vector<double>& x, int n) {
+      double sum = 0.0;
+      for (int i = 0; i < n; ++i) sum += x[t * n + i] * x[t * n + i];
+      return std::sqrt(sum);
+    };
+    state += std::abs(in.beta[t]) * row_norm(in.k, in.K) * row_norm(in.v, in.V);
+    bounds.o += std::abs(in.scale) * row_norm(in.q, in.K) * state;
+  }
+  bounds.state = state;
+  return bounds;
+}
+
 inline std::string describe(GateRegime regime, int64_t T, int K, int V) {
   return std::string("regime=") + regime_name(regime) + " T=" + std::to_string(T) +
          " K=" + std::to_string(K) + " V=" + std::to_string(V);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -98,6 +99,17 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b)
     den += b[i] * b[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// ||a - b|| / max(||b||, floor): a relative error that a b cancelling to far below its terms' size
+// (floor) does not inflate (a rounding of the terms then reads as an error of b itself).
+inline double rel_l2_floor(const std::vector<double>& a, const std::vector<double>& b, double floor) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), floor);
 }
 
 inline bool all_finite(const std::vector<double>& a) {
