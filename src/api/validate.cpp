@@ -339,20 +339,24 @@ Status check_pool_indices(const char* name, const TensorRef& indices, const Tens
   return check_dtype(arg, {DType::kI32});
 }
 
+// An fp32 output of contiguous [rows, Hv, R, C] blocks (shard states, the CP cache), its extents in arg.
+Status check_fp32_blocks(const Arg& arg, Target target) {
+  if (auto st = check_tensor(arg, true, true, target); !st.ok()) return st;
+  if (auto st = check_dtype(arg, {DType::kF32}); !st.ok()) return st;
+  const int64_t heads = arg.extents[1], R = arg.extents[2], C = arg.extents[3];
+  const int64_t* st = arg.ref->strides;
+  if (st[3] != 1 || st[2] != C || st[1] != R * C || st[0] != heads * R * C)
+    return invalid(cat(arg.name, ": must be contiguous (strides [", heads * R * C, ", ", R * C, ", ", C,
+                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
+  return {};
+}
+
 // A shard state output (shard_maps, shard_grad): fp32, contiguous [rows, Hv, K, K] (K == V).
 Status check_shard_states(const char* name, const TensorRef& ref, int64_t rows, const Shape& s, Target target) {
   if (s.head_dim_k != s.head_dim_v)
     return unsupported(cat(name, ": a shard's transition M is [K, K] beside its states [K, V], which needs K == V; "
                            "got K=", s.head_dim_k, ", V=", s.head_dim_v));
-  const int64_t K = s.head_dim_k;
-  const Arg arg{name, &ref, 4, {rows, s.num_v_heads, K, K}};
-  if (auto st = check_tensor(arg, true, true, target); !st.ok()) return st;
-  if (auto st = check_dtype(arg, {DType::kF32}); !st.ok()) return st;
-  const int64_t* st = ref.strides;
-  if (st[3] != 1 || st[2] != K || st[1] != K * K || st[0] != s.num_v_heads * K * K)
-    return invalid(cat(name, ": must be contiguous (strides [", s.num_v_heads * K * K, ", ", K * K, ", ", K,
-                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
-  return {};
+  return check_fp32_blocks(Arg{name, &ref, 4, {rows, s.num_v_heads, s.head_dim_k, s.head_dim_k}}, target);
 }
 
 // The CP cache (ForwardProblem::cp_states, BackwardProblem::cp_states): fp32, contiguous
@@ -367,14 +371,7 @@ Status check_cp_states(const TensorRef& ref, ShardPhase phase, const Shape& s, T
   if (ref.rank != 4 || ref.sizes[0] < 1)
     return invalid(cat("cp_states: expected [segments >= 1, ", s.num_v_heads, ", ", s.head_dim_k, ", ", s.head_dim_v,
                        "] (forward_cp_cache_shape), got rank ", ref.rank));
-  if (auto st = check_tensor(arg, true, true, target); !st.ok()) return st;
-  if (auto st = check_dtype(arg, {DType::kF32}); !st.ok()) return st;
-  const int64_t K = s.head_dim_k, V = s.head_dim_v;
-  const int64_t* st = ref.strides;
-  if (st[3] != 1 || st[2] != V || st[1] != K * V || st[0] != s.num_v_heads * K * V)
-    return invalid(cat("cp_states: must be contiguous (strides [", s.num_v_heads * K * V, ", ", K * V, ", ", V,
-                       ", 1]), got [", st[0], ", ", st[1], ", ", st[2], ", ", st[3], "]"));
-  return {};
+  return check_fp32_blocks(arg, target);
 }
 
 Status check_shard_phase(ShardPhase phase) {
