@@ -236,22 +236,25 @@ struct BackwardDsPass {
       }
       const int buf = Rs::wait_ready(p, s.ready, c);
       const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
-      const uint32_t w_neg_w = slot_word + offsetof(Slot, w_neg) / 16,
-                     d_o_w = slot_word + offsetof(Slot, v) / 16 + group * (kPanelBytes / 16),
-                     p_w = slot_word + offsetof(Slot, p) / 16, ag_w = slot_word + offsetof(Slot, ag) / 16,
-                     k_w = slot_word + offsetof(Slot, k) / 16, q_w = slot_word + offsetof(Slot, q) / 16;
+      // The products' descriptors at k-step 0, pinned (their k-steps: one add each); dO's serves two products.
+      const auto pinned = [&](auto major, uint32_t offset) {
+        return wg::pinned_descriptor_from_word<decltype(major)::value>(slot_word + offset / 16, kChunk);
+      };
+      using KMajor = std::integral_constant<Major, Major::kK>;
+      using MnMajor = std::integral_constant<Major, Major::kMN>;
+      const uint64_t d_o0 = pinned(MnMajor{}, offsetof(Slot, v) + group * kPanelBytes);
 
       // dVd^T = D^T (rho K)^T + dO^T (s P)
       Acc dvd;
       wg::fence();
+      const uint64_t w_neg0 = pinned(KMajor{}, offsetof(Slot, w_neg)), p0 = pinned(MnMajor{}, offsetof(Slot, p));
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
-        wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::descriptor_from_word<Major::kK>(w_neg_w, 16 * ks, kChunk),
-                                        ks > 0);
+        wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::k_step<Major::kK>(w_neg0, 16 * ks, kChunk), ks > 0);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor_from_word<Major::kMN>(d_o_w, k0, kChunk),
-                                                     wg::descriptor_from_word<Major::kMN>(p_w, k0, kChunk), true);
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::k_step<Major::kMN>(d_o0, k0, kChunk),
+                                                     wg::k_step<Major::kMN>(p0, k0, kChunk), true);
       wg::commit();
       if (save_states) {
         Aux::group_sync(2 + group);  // the group's stmatrix, before the copy's reads (here: under the wgmmas)
@@ -267,9 +270,10 @@ struct BackwardDsPass {
       // dU^T = dVd^T (-Ag Gamma)
       Acc du;
       wg::fence();
+      const uint64_t ag0 = pinned(MnMajor{}, offsetof(Slot, ag));
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::descriptor_from_word<Major::kMN>(ag_w, 16 * ks, kChunk), ks > 0);
+        wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::k_step<Major::kMN>(ag0, 16 * ks, kChunk), ks > 0);
       wg::commit();
       {  // D^T *= e^gamma under dU's wgmmas (D^T is no operand of theirs); the volatile load keeps it after their issue
         float g;
@@ -285,13 +289,14 @@ struct BackwardDsPass {
 
       // D^T = e^gamma D^T + dU^T K + dO^T (s Gamma Q)
       wg::fence();
+      const uint64_t key0 = pinned(MnMajor{}, offsetof(Slot, k)), q0 = pinned(MnMajor{}, offsetof(Slot, q));
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::descriptor_from_word<Major::kMN>(k_w, 16 * ks, kChunk), true);
+        wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::k_step<Major::kMN>(key0, 16 * ks, kChunk), true);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::descriptor_from_word<Major::kMN>(d_o_w, k0, kChunk),
-                                                      wg::descriptor_from_word<Major::kMN>(q_w, k0, kChunk), true);
+        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::k_step<Major::kMN>(d_o0, k0, kChunk),
+                                                      wg::k_step<Major::kMN>(q0, k0, kChunk), true);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(dt);

@@ -87,6 +87,14 @@ __device__ __forceinline__ uint64_t pinned_descriptor(const void* tile, int rows
   asm volatile("" : "+l"(desc));
   return desc;
 }
+// descriptor_from_word() at k0 = 0, pinned as pinned_descriptor() is: its k-steps are k_step(), one
+// 64-bit add of an immediate each (a descriptor formed per k-step rewrites its constant high word too).
+template <Major kMajor>
+__device__ __forceinline__ uint64_t pinned_descriptor_from_word(uint32_t tile_word, int rows) {
+  uint64_t desc = descriptor_from_word<kMajor>(tile_word, 0, rows);
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
 template <Major kMajor>
 __device__ __forceinline__ uint64_t k_step(uint64_t desc0, int k0, int rows) {
   return desc0 + (slice_offset<kMajor>(k0, rows) >> 4);
