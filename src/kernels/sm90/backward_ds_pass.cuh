@@ -99,10 +99,19 @@ struct BackwardDsPass {
   using Aux = typename Rs::Aux;
   using Tiles = typename Rs::Tiles;
   using Slot = typename Rs::Slot;
+  // A chunk's operand factors as PackedFactor words (packed_factor), written once by the aux group
+  // (write_operand_factors: one thread a token or four columns) for all its threads, which need each
+  // row's eight times and each column pair's sixteen times (chunk_operands).
+  struct OperandFactors {
+    uint4 rows[kChunk];               // token t: {hi, lo} of rho_t, then of s e^{g_t} (both halves the factor)
+    uint4 ag_columns[kChunk / 4];     // columns 4 u .. 4 u + 3: {hi, lo} of (-e^{g_4u}, -e^{g_4u+1}), of the next pair
+  };
   // v4's storage and, per state group, the staging's mbarrier: its 128 threads arrive once their copy
-  // has read the staging, and wait for that (the previous chunk's) before their stmatrix
+  // has read the staging, and wait for that (the previous chunk's) before their stmatrix; the aux
+  // group's operand factors, per slot
   struct SharedStorage : Rs::SharedStorage {
     alignas(8) uint64_t staging_read[2];
+    OperandFactors factors[2];
   };
   using Acc = typename Rs::Acc;
   using StateAcc = typename Rs::StateAcc;
@@ -159,44 +168,57 @@ struct BackwardDsPass {
     for (int w = 0; w < 4; ++w) words[w] = scale_pair(words[w], f[w]);
     *reinterpret_cast<uint4*>(to) = unit;
   }
-  static __device__ __forceinline__ void scale_unit(const unsigned char* from, unsigned char* to, float factor) {
-    const PackedFactor f = packed_factor(factor, factor);
-    const PackedFactor fs[4] = {f, f, f, f};
-    scale_unit(from, to, fs);
+  // Thread i < 64 of the aux group: token i's factors; 64 <= i < 80: Ag's columns 4 (i - 64) .. + 3.
+  // Read after a group barrier.
+  static __device__ __forceinline__ void write_operand_factors(OperandFactors& f, const float* gcum, float scale) {
+    const int i = threadIdx.x % 128;
+    if (i < kChunk) {
+      const float g = gcum[i];
+      const float k_factor = exp2_approx(gcum[kChunk - 1] - g), q_factor = scale * exp2_approx(g);
+      const PackedFactor k = packed_factor(k_factor, k_factor), q = packed_factor(q_factor, q_factor);
+      f.rows[i] = make_uint4(k.hi, k.lo, q.hi, q.lo);
+    } else if (i < kChunk + kChunk / 4) {
+      const float4 g = *reinterpret_cast<const float4*>(gcum + 4 * (i - kChunk));
+      const PackedFactor a = packed_factor(-exp2_approx(g.x), -exp2_approx(g.y)),
+                         b = packed_factor(-exp2_approx(g.z), -exp2_approx(g.w));
+      f.ag_columns[i - kChunk] = make_uint4(a.hi, a.lo, b.hi, b.lo);
+    }
   }
 
-  // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units). The
-  // K and Q tiles' factors depend on the row (token) only, so their 16-byte units are walked in
-  // storage order (a 128B swizzle permutes units within a row); Ag's depend on the column: unit u
-  // of row r holds columns 8 (u ^ (r % 8)) ...
-  static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, float scale) {
+  // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units; factors:
+  // the chunk's, written here). The K and Q tiles' factors depend on the row (token) only, so their
+  // 16-byte units are walked in storage order (a 128B swizzle permutes units within a row); Ag's
+  // depend on the column: unit u of row r holds columns 8 (u ^ (r % 8)) ...
+  static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, OperandFactors& factors,
+                                                        float scale) {
     const int r = Tiles::acc_row(0), tid = threadIdx.x % 128;
+    write_operand_factors(factors, gcum, scale);
     float log2_scale;  // s 2^x = 2^(x + log2 s): P's scale inside its exponent
     asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(log2_scale) : "f"(scale));
     const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
     float g_col[16];
     Aux::column_values(gcum, g_col);
     Aux::product_p(slot, g_rows, g_col);  // its wgmmas are done: Q may change below
-    const float gamma = gcum[kChunk - 1];
+    Aux::group_sync(Aux::kAuxBarrier);    // the factors written
     // K, Q: unit tid + 128 i of panel p is row tid / 8 + 16 i (i < 4): one pair of factors for both panels
 #pragma unroll
     for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
-      const float g = gcum[tid / 8 + 16 * i];
-      const float k_factor = exp2_approx(gamma - g), q_factor = scale * exp2_approx(g);
+      const uint4 row = factors.rows[tid / 8 + 16 * i];
+      const PackedFactor k{row.x, row.y}, q{row.z, row.w};
+      const PackedFactor k_words[4] = {k, k, k, k}, q_words[4] = {q, q, q, q};
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel) {
         const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
-        scale_unit(slot.k + at, slot.w_neg + at, k_factor);
-        scale_unit(slot.q + at, slot.q + at, q_factor);
+        scale_unit(slot.k + at, slot.w_neg + at, k_words);
+        scale_unit(slot.q + at, slot.q + at, q_words);
       }
     }
     // Ag: unit tid + 128 i is row tid / 8 + 16 i, unit tid % 8, so columns 8 ((tid % 8) ^ ((tid / 8) % 8)) ..
     // for every i: eight column factors a chunk
-    const int col0 = 8 * ((tid % 8) ^ ((tid / 8) % 8));
-    PackedFactor neg_decay[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w)
-      neg_decay[w] = packed_factor(-exp2_approx(gcum[col0 + 2 * w]), -exp2_approx(gcum[col0 + 2 * w + 1]));
+    const int col_unit = (tid % 8) ^ ((tid / 8) % 8);
+    const uint4 pairs01 = factors.ag_columns[2 * col_unit], pairs23 = factors.ag_columns[2 * col_unit + 1];
+    const PackedFactor neg_decay[4] = {{pairs01.x, pairs01.y}, {pairs01.z, pairs01.w}, {pairs23.x, pairs23.y},
+                                       {pairs23.z, pairs23.w}};
 #pragma unroll
     for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
       const uint32_t at = 16 * (tid + 128 * i);
@@ -323,7 +345,7 @@ struct BackwardDsPass {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Rs::kAuxRegisters));
       Rs::template aux_loop<true, true>(p, maps, s, true, h / (p.num_v_heads / p.num_qk_heads), h,
                                         [&] { return ring_item(bp); }, [&](int64_t, int buf, auto&&) {
-                                          chunk_operands(s.slot[buf], s.gcum[buf], p.scale);
+                                          chunk_operands(s.slot[buf], s.gcum[buf], s.factors[buf], p.scale);
                                           wg::fence_shared_to_async();  // the operands, for the state groups
                                         });
     } else {
