@@ -21,9 +21,12 @@
 // Grid (max segments, Hv); block 384 threads = 3 warpgroups, v4's shared memory (193 KiB) and ring.
 //   aux   (warpgroup 0; v4's register budget): aux_loop<kLoadAg, kReverse> with dO in V's boxes
 //         (the launcher's tensor maps) and Ag from the gated copy of the backward's chunk inverse
-//         (fwd.gated_inverse_out), gate records from fwd.chunk_gates. Per chunk, in the slot:
-//           p     = s P                     (SS wgmma, FusedForwardWs::product_p)
+//         (fwd.gated_inverse_out), gate records from fwd.chunk_gates. Per chunk, in the slot (row and
+//         column factors from a table the group writes first, OperandFactors):
 //           w_neg = rho K                   (16-byte units of K, row-scaled)
+//           p     = s P                     (SS wgmma: a folded chunk's (Rs::folds_gates) as
+//                                            diag(s e^{g - gamma}) Q (rho K)^T, product_p_folded; else
+//                                            FusedForwardWs::product_p)
 //           q     = s Gamma Q               (in place, after P's wgmmas are done)
 //           ag    = -Ag Gamma               (in place, column-scaled)
 //   state (warpgroups 1, 2 = groups g 0, 1; v4's register budget): rows v = 64 g .. of D^T as one
@@ -185,31 +188,93 @@ struct BackwardDsPass {
     }
   }
 
+  // P's blocks above its diagonal blocks (warp w's rows 16 w .., column blocks j > 2 w + 1) are zero in
+  // every chunk: set once in both slots before the ring (a folded chunk's P leaves them), 16-byte stores.
+  static __device__ __forceinline__ void zero_upper_p(SharedStorage& s) {
+    const int tid = threadIdx.x % 128;
+#pragma unroll
+    for (int buf = 0; buf < 2; ++buf)
+#pragma unroll
+      for (int i = 0; i < Tiles::kSquareTileBytes / 16 / 128; ++i)
+        *reinterpret_cast<uint4*>(s.slot[buf].p + 16 * (tid + 128 * i)) = make_uint4(0, 0, 0, 0);
+  }
+
+  // A folded chunk's P (Rs::folds_gates: bf16, decay -gamma at most 64 in log2 units) from w_neg = rho K:
+  // s e^{g_i - g_t} = s e^{g_i - gamma} rho_t, so P = diag(s e^{g - gamma}) (Q (rho K)^T), lower with the
+  // diagonal: one multiply an element by the row's factor (<= s 2^64) instead of an exponent each. Its
+  // K operand is rho K in bf16 (no underflow: rho >= 2^-64). Warp w's rows 16 w .. 16 w + 15 against
+  // column block j: only blocks 2 w and 2 w + 1 compare (Aux::product_p), resolved per warp at compile time.
+  static __device__ __forceinline__ void product_p_folded(Slot& slot, const float (&row_factor)[2]) {
+    Acc qk;
+    wg::fence();
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(qk, slot.q, kChunk, slot.w_neg, kChunk, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(qk);
+    // Blocks j > 2 w + 1 stay as zero_upper_p left them: stmatrix of blocks 2 w, 2 w + 1 and those left of them.
+    const auto store = [&](auto warp) {
+      constexpr int kWarp = decltype(warp)::value;
+#pragma unroll
+      for (int j = 0; j <= 2 * kWarp; j += 2) {
+        uint32_t regs[4];
+        Tiles::pack_x4(regs, j, [&](int jj, int e) {
+          const bool below = 8 * jj + 7 < 16 * kWarp || Tiles::acc_row(e) >= Tiles::acc_col(jj, e);
+          return below ? row_factor[e / 2] * qk[4 * jj + e] : 0.f;
+        });
+        stmatrix_x4(Tiles::fragment_rows(slot.p, 0, j), regs);
+      }
+    };
+    switch ((threadIdx.x / 32) % 4) {
+      case 0: store(std::integral_constant<int, 0>{}); break;
+      case 1: store(std::integral_constant<int, 1>{}); break;
+      case 2: store(std::integral_constant<int, 2>{}); break;
+      default: store(std::integral_constant<int, 3>{}); break;
+    }
+  }
+
   // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units; factors:
   // the chunk's, written here). The K and Q tiles' factors depend on the row (token) only, so their
   // 16-byte units are walked in storage order (a 128B swizzle permutes units within a row); Ag's
   // depend on the column: unit u of row r holds columns 8 (u ^ (r % 8)) ...
+  // K's unit tid + 128 i of panel p is row tid / 8 + 16 i (i < 4), the same for Q.
   static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, OperandFactors& factors,
                                                         float scale) {
     const int r = Tiles::acc_row(0), tid = threadIdx.x % 128;
     write_operand_factors(factors, gcum, scale);
-    float log2_scale;  // s 2^x = 2^(x + log2 s): P's scale inside its exponent
-    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(log2_scale) : "f"(scale));
-    const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
-    float g_col[16];
-    Aux::column_values(gcum, g_col);
-    Aux::product_p(slot, g_rows, g_col);  // its wgmmas are done: Q may change below
-    Aux::group_sync(Aux::kAuxBarrier);    // the factors written
-    // K, Q: unit tid + 128 i of panel p is row tid / 8 + 16 i (i < 4): one pair of factors for both panels
+    Aux::group_sync(Aux::kAuxBarrier);  // the factors written
+    // w_neg = rho K (before P: a folded chunk's P reads it)
 #pragma unroll
     for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
       const uint4 row = factors.rows[tid / 8 + 16 * i];
-      const PackedFactor k{row.x, row.y}, q{row.z, row.w};
-      const PackedFactor k_words[4] = {k, k, k, k}, q_words[4] = {q, q, q, q};
+      const PackedFactor k{row.x, row.y}, k_words[4] = {k, k, k, k};
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel) {
         const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
         scale_unit(slot.k + at, slot.w_neg + at, k_words);
+      }
+    }
+    const float gamma = gcum[kChunk - 1];
+    if (Rs::folds_gates(gcum)) {
+      wg::fence_shared_to_async();  // w_neg, for P's wgmmas
+      Aux::group_sync(Aux::kAuxBarrier);
+      const float row_factor[2] = {scale * exp2_approx(gcum[r] - gamma), scale * exp2_approx(gcum[r + 8] - gamma)};
+      product_p_folded(slot, row_factor);
+    } else {
+      float log2_scale;  // s 2^x = 2^(x + log2 s): P's scale inside its exponent
+      asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(log2_scale) : "f"(scale));
+      const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
+      float g_col[16];
+      Aux::column_values(gcum, g_col);
+      Aux::product_p(slot, g_rows, g_col);
+    }
+    // q = s Gamma Q in place (P's wgmmas are done)
+#pragma unroll
+    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
+      const uint4 row = factors.rows[tid / 8 + 16 * i];
+      const PackedFactor q{row.z, row.w}, q_words[4] = {q, q, q, q};
+#pragma unroll
+      for (int panel = 0; panel < 2; ++panel) {
+        const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
         scale_unit(slot.q + at, slot.q + at, q_words);
       }
     }
@@ -343,6 +408,7 @@ struct BackwardDsPass {
     const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (role == 0) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Rs::kAuxRegisters));
+      zero_upper_p(s);  // made visible to the state groups' wgmmas by the first chunk's fence
       Rs::template aux_loop<true, true>(p, maps, s, true, h / (p.num_v_heads / p.num_qk_heads), h,
                                         [&] { return ring_item(bp); }, [&](int64_t, int buf, auto&&) {
                                           chunk_operands(s.slot[buf], s.gcum[buf], s.factors[buf], p.scale);
