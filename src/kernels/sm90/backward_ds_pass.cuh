@@ -24,9 +24,8 @@
 //         (fwd.gated_inverse_out), gate records from fwd.chunk_gates. Per chunk, in the slot (row and
 //         column factors from a table the group writes first, OperandFactors):
 //           w_neg = rho K                   (16-byte units of K, row-scaled)
-//           p     = s P                     (SS wgmma: a folded chunk's (Rs::folds_gates) as
-//                                            diag(s e^{g - gamma}) Q (rho K)^T, product_p_folded; else
-//                                            FusedForwardWs::product_p)
+//           p     = s P                     (SS wgmma, product_p: a folded chunk's (Rs::folds_gates)
+//                                            as diag(s e^{g - gamma}) Q (rho K)^T)
 //           q     = s Gamma Q               (in place, after P's wgmmas are done)
 //           ag    = -Ag Gamma               (in place, column-scaled)
 //   state (warpgroups 1, 2 = groups g 0, 1; v4's register budget): rows v = 64 g .. of D^T as one
@@ -189,7 +188,7 @@ struct BackwardDsPass {
   }
 
   // P's blocks above its diagonal blocks (warp w's rows 16 w .., column blocks j > 2 w + 1) are zero in
-  // every chunk: set once in both slots before the ring (a folded chunk's P leaves them), 16-byte stores.
+  // every chunk: set once in both slots before the ring (product_p leaves them), 16-byte stores.
   static __device__ __forceinline__ void zero_upper_p(SharedStorage& s) {
     const int tid = threadIdx.x % 128;
 #pragma unroll
@@ -199,19 +198,19 @@ struct BackwardDsPass {
         *reinterpret_cast<uint4*>(s.slot[buf].p + 16 * (tid + 128 * i)) = make_uint4(0, 0, 0, 0);
   }
 
-  // A folded chunk's P (Rs::folds_gates: bf16, decay -gamma at most 64 in log2 units) from w_neg = rho K:
-  // s e^{g_i - g_t} = s e^{g_i - gamma} rho_t, so P = diag(s e^{g - gamma}) (Q (rho K)^T), lower with the
-  // diagonal: one multiply an element by the row's factor (<= s 2^64) instead of an exponent each. Its
-  // K operand is rho K in bf16 (no underflow: rho >= 2^-64). Warp w's rows 16 w .. 16 w + 15 against
-  // column block j: only blocks 2 w and 2 w + 1 compare (Aux::product_p), resolved per warp at compile time.
-  static __device__ __forceinline__ void product_p_folded(Slot& slot, const float (&row_factor)[2]) {
+  // P = s G (.) Q K^T [64,64] into slot.p, lower with the diagonal, from the SS wgmma of Q and kb (K, or
+  // w_neg = rho K) and element(j, e, x) of the product's element 4 j + e = x. Warp w's rows 16 w ..
+  // 16 w + 15 against column block j: all below the diagonal for j < 2 w, all above for j > 2 w + 1, so
+  // only blocks 2 w and 2 w + 1 compare (resolved per warp at compile time, a warp-uniform switch), and
+  // blocks j > 2 w + 1 stay as zero_upper_p left them: stmatrix of blocks j <= 2 w + 1 only.
+  template <typename Element>
+  static __device__ __forceinline__ void product_p(Slot& slot, const unsigned char* kb, Element&& element) {
     Acc qk;
     wg::fence();
-    wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(qk, slot.q, kChunk, slot.w_neg, kChunk, false);
+    wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(qk, slot.q, kChunk, kb, kChunk, false);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(qk);
-    // Blocks j > 2 w + 1 stay as zero_upper_p left them: stmatrix of blocks 2 w, 2 w + 1 and those left of them.
     const auto store = [&](auto warp) {
       constexpr int kWarp = decltype(warp)::value;
 #pragma unroll
@@ -219,7 +218,7 @@ struct BackwardDsPass {
         uint32_t regs[4];
         Tiles::pack_x4(regs, j, [&](int jj, int e) {
           const bool below = 8 * jj + 7 < 16 * kWarp || Tiles::acc_row(e) >= Tiles::acc_col(jj, e);
-          return below ? row_factor[e / 2] * qk[4 * jj + e] : 0.f;
+          return below ? element(jj, e, qk[4 * jj + e]) : 0.f;
         });
         stmatrix_x4(Tiles::fragment_rows(slot.p, 0, j), regs);
       }
@@ -255,17 +254,22 @@ struct BackwardDsPass {
     }
     const float gamma = gcum[kChunk - 1];
     if (Rs::folds_gates(gcum)) {
+      // A folded chunk (bf16, decay -gamma at most 64 in log2 units): s e^{g_i - g_t} = s e^{g_i - gamma}
+      // rho_t, so P = diag(s e^{g - gamma}) (Q (rho K)^T), one multiply an element by the row's factor
+      // (<= s 2^64) instead of an exponent each; its K operand is w_neg (rho >= 2^-64: no underflow).
       wg::fence_shared_to_async();  // w_neg, for P's wgmmas
       Aux::group_sync(Aux::kAuxBarrier);
       const float row_factor[2] = {scale * exp2_approx(gcum[r] - gamma), scale * exp2_approx(gcum[r + 8] - gamma)};
-      product_p_folded(slot, row_factor);
+      product_p(slot, slot.w_neg, [&](int, int e, float x) { return row_factor[e / 2] * x; });
     } else {
       float log2_scale;  // s 2^x = 2^(x + log2 s): P's scale inside its exponent
       asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(log2_scale) : "f"(scale));
       const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
       float g_col[16];
       Aux::column_values(gcum, g_col);
-      Aux::product_p(slot, g_rows, g_col);
+      product_p(slot, slot.k, [&](int j, int e, float x) {
+        return exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * x;
+      });
     }
     // q = s Gamma Q in place (P's wgmmas are done)
 #pragma unroll
