@@ -6,7 +6,7 @@
 //     segment_grad_starts;
 //   main mode (kNoCp: sequences from dht; kCpMainPass: segments from their corrected ends), for the
 //     gradient pass (backward_grads.cuh): dS^T leaving every chunk into bp.chunk_grad_states (v4's
-//     staging: stmatrix into the group's free o staging at the chunk's top, 16-byte copies under
+//     staging: stmatrix into the group's free o staging at the chunk's top, two TMA stores under
 //     its first wgmmas), dh0 from the first chunk of a sequence. (dgamma's <dS, S> is the gradient
 //     pass's, from its bf16 S^T and dS^T tiles: reading S^T here was a quarter of this pass's bytes,
 //     and the dS rounding moves dg by under 1% of its error, bench/precision_study pre+dot16.)
@@ -36,7 +36,7 @@
 //           D^T  *= e^gamma;  D^T += dU^T @ K (RS, 4 x m64n128k16) + dO^T @ (s Gamma Q) (SS, 4)
 //           free[c % 2]; D^T -> A fragments
 //         After the item: D^T -> ds_start (fp32, the StateBlock's layout).
-//         Named barriers 2 + g (state group g): the staging's write / read order.
+//         Named barriers 2 + g (state group g): the staging's write / store order.
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"
@@ -108,13 +108,13 @@ struct BackwardDsPass {
     uint4 rows[kChunk];               // token t: {hi, lo} of rho_t, then of s e^{g_t} (both halves the factor)
     uint4 ag_columns[kChunk / 4];     // columns 4 u .. 4 u + 3: {hi, lo} of (-e^{g_4u}, -e^{g_4u+1}), of the next pair
   };
-  // v4's storage and, per state group, the staging's mbarrier: its 128 threads arrive once their copy
-  // has read the staging, and wait for that (the previous chunk's) before their stmatrix; the aux
-  // group's operand factors, per slot
+  // v4's storage and the aux group's operand factors, per slot
   struct SharedStorage : Rs::SharedStorage {
-    alignas(8) uint64_t staging_read[2];
     OperandFactors factors[2];
   };
+  // The thread of a state group that stores its staged dS^T (warp 1's lane 0: its SM sub-partition
+  // holds the aux group's lightest warp, warp 0's holds the aux's TMA issue)
+  static constexpr int kStagingStorer = 32;
   using Acc = typename Rs::Acc;
   using StateAcc = typename Rs::StateAcc;
   using Fragments = typename Rs::Fragments;
@@ -295,7 +295,10 @@ struct BackwardDsPass {
     }
   }
 
-  static __device__ __forceinline__ void run_state(const BackwardParams& bp, SharedStorage& s, int h, int group) {
+  // grad_map: bp.chunk_grad_states as [chunk, hv, 128 rows] x 128, boxes of 64 rows x 64 columns (one
+  // staging panel), where save_states.
+  static __device__ __forceinline__ void run_state(const BackwardParams& bp, const CUtensorMap& grad_map,
+                                                   SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
     const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
@@ -315,15 +318,20 @@ struct BackwardDsPass {
     // Slot 0's shared address / 16 (descriptor words: slot buf's tile t is this + buf sizeof(Slot) / 16
     // + offsetof(t) / 16, constants but for buf)
     const uint32_t slot0_word = (smem_addr(&s.slot[0]) & 0x3FFFF) >> 4;
-    // dS^T leaving chunk chunk_id goes to grad_rows, one [hv][128][128] block back a chunk
-    Elem* grad_rows =
-        save_states ? Rs::group_rows(bp.chunk_grad_states, last_chunk_id, p.num_v_heads, h, group) : nullptr;
-    const int64_t grad_step = static_cast<int64_t>(p.num_v_heads) * kHeadDim * kHeadDim;
+    // dS^T leaving chunk chunk_id goes to grad_map's rows grad_row .., one [hv][128] block back a chunk
+    const bool storer = threadIdx.x % 128 == kStagingStorer;
+    if (save_states && storer) tma::prefetch_map(&grad_map);
+    int grad_row = static_cast<int>((last_chunk_id * p.num_v_heads + h) * kHeadDim) + 64 * group;
+    const int grad_step = p.num_v_heads * kHeadDim;
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
       if (save_states) {  // dS^T leaving the chunk (chunk id last_chunk_id - c)
-        if (c > 0) tma::wait(&s.staging_read[group], static_cast<uint32_t>((c - 1) & 1));  // the last copy's reads
+        // the last chunk's stores have read the staging (the wait a no-op but in the storer, and at c = 0:
+        // no branches)
+        tma::wait_bulk_read<0>();
+        Aux::group_sync(2 + group);
         Rs::stage_state(s.o[group], dt_frag);
+        wg::fence_shared_to_async();  // the stmatrix, for the stores
       }
       const int buf = Rs::wait_ready(p, s.ready, c);
       const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
@@ -348,10 +356,13 @@ struct BackwardDsPass {
                                                      wg::k_step<Major::kMN>(p0, k0, kChunk), true);
       wg::commit();
       if (save_states) {
-        Aux::group_sync(2 + group);  // the group's stmatrix, before the copy's reads (here: under the wgmmas)
-        Rs::copy_staged_state(grad_rows, s.o[group]);
-        tma::arrive(&s.staging_read[group]);
-        grad_rows -= grad_step;
+        Aux::group_sync(2 + group);  // the group's stmatrix, before the stores (here: under the wgmmas)
+        if (storer) {
+          tma::store_2d(&grad_map, s.o[group], 0, grad_row);
+          tma::store_2d(&grad_map, s.o[group] + kPanelBytes, 64, grad_row);
+          tma::commit_bulk();
+        }
+        grad_row -= grad_step;
       }
       wg::wait<0>();
       wg::fence_operand(dvd);
@@ -395,19 +406,16 @@ struct BackwardDsPass {
       wg::to_fragments<Elem, 8>(dt, dt_frag);
     }
     if (item.ds_start.base != nullptr) Rs::store_state(item.ds_start, col0, dt);
+    if (save_states && storer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
-  static __device__ void run(const BackwardParams& bp, const ForwardTileMaps& maps) {
+  static __device__ void run(const BackwardParams& bp, const ForwardTileMaps& maps, const CUtensorMap& grad_map) {
     extern __shared__ __align__(1024) unsigned char smem_ds[];
     auto& s = *reinterpret_cast<SharedStorage*>(smem_ds);
     const ForwardParams& p = bp.fwd;
     const int h = blockIdx.y;
     if (!backward_item(bp, blockIdx.x, h).valid) return;
-    if (threadIdx.x == 0) {
-      tma::barrier_init(&s.staging_read[0], 128);
-      tma::barrier_init(&s.staging_read[1], 128);
-      tma::init_ring(s.ready, s.free, 128, 256);
-    }
+    if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
     __syncthreads();
     const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (role == 0) {
@@ -420,17 +428,19 @@ struct BackwardDsPass {
                                         });
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Rs::kStateRegisters));
-      run_state(bp, s, h, role - 1);
+      run_state(bp, grad_map, s, h, role - 1);
     }
   }
 };
 
+// grad_map: bp.chunk_grad_states' map in the main mode (encode_panel_map, 64-row boxes), else unused.
 template <typename Elem>
 __global__ void __launch_bounds__(384, 1) backward_ds_pass_kernel(const __grid_constant__ BackwardParams bp,
-                                                                  const __grid_constant__ ForwardTileMaps maps) {
+                                                                  const __grid_constant__ ForwardTileMaps maps,
+                                                                  const __grid_constant__ CUtensorMap grad_map) {
   wait_for_previous_grid();
   release_next_grid();
-  BackwardDsPass<Elem>::run(bp, maps);
+  BackwardDsPass<Elem>::run(bp, maps, grad_map);
 }
 
 }  // namespace flashgdn::kern

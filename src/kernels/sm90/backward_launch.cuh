@@ -30,13 +30,19 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
   boxes.inverse = p.fwd.gated_inverse_out;
   ForwardTileMaps maps;
   if (encode_forward_maps(boxes, E == ElemKind::kF16, &maps) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  // the main mode's dS^T tables by TMA stores of the state groups' 64-row staging panels
+  CUtensorMap grad_map{};
+  if (main_mode && encode_panel_map(&grad_map, p.chunk_grad_states,
+                                    static_cast<uint64_t>(p.fwd.max_chunks) * p.fwd.num_v_heads * 128, 128, 256, 64,
+                                    E == ElemKind::kF16) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
   constexpr int smem = sizeof(typename Pass::SharedStorage);
   auto* kernel = backward_ds_pass_kernel<ElemType<E>>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
   // after the previous kernel has completed (grid_dependency.cuh: LaunchOrder::kAfter)
   return launch_kernel<LaunchOrder::kAfter>(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads,
-                                            smem, stream, p, maps);
+                                            smem, stream, p, maps, grad_map);
 }
 
 // The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,

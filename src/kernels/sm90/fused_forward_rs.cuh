@@ -644,7 +644,8 @@ struct FusedForwardRs {
 
   // The backward's chunk-state pass writes no o, so a state group's o staging (o[group], 16 KiB)
   // holds S^T entering chunk c on its way to chunk_states[chunk id][h] (rows v = 64 group ..; the
-  // backward's dS pass does the same with dS^T): stage_state puts the state's fragments there by
+  // backward's dS pass stages dS^T the same way and stores the two panels by TMA): stage_state puts
+  // the state's fragments there by
   // stmatrix (two 128B-swizzled panels, key columns 64 p ..; k-step ks is column block 2 (ks % 4) of
   // panel ks / 4), copy_staged_state copies them to the group's 64 rows of a [128][128] block in
   // 16-byte vectors (thread t: vectors t, t + 128, ..., row v / 16, columns 8 (v % 16) ..; a warp

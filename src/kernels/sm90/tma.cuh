@@ -115,6 +115,15 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// The box at element coordinates (inner, outer) of a 2-D tensor map from `src` (shared memory) to global
+// memory, as store_4d.
+__device__ __forceinline__ void store_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(inner), "r"(outer)
+               : "memory");
+}
+
 // The box at element coordinates (c0 innermost, .., c3) of a 4-D tensor map from `src` (shared memory)
 // to global memory, in this thread's current bulk group (commit_bulk closes it; wait_bulk_read before
 // `src` is rewritten). The box's earlier generic writes need fence.proxy.async and a barrier first.
