@@ -204,8 +204,12 @@ struct FusedForwardRs {
       if constexpr (kLoadAg) tma::prefetch_map(&maps.inverse);
     }
     const WorkItem item = make_item();
-    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
-    const auto chunk_at = [&](int64_t c) { return kReverse ? num_chunks - 1 - c : c; };
+    const int num_chunks = static_cast<int>((item.eos - item.bos + kChunk - 1) / kChunk);
+    const auto chunk_at = [&](int c) { return kReverse ? num_chunks - 1 - c : c; };
+    // The one chunk that may be partial, the item's last in token order: step zero_step of the loop
+    // (-1 where it is full) with last_rows rows: per chunk one compare, no 64-bit row math.
+    const int last_rows = static_cast<int>(item.eos - item.bos - static_cast<int64_t>(num_chunks - 1) * kChunk);
+    const int zero_step = num_chunks > 0 && last_rows < kChunk ? (kReverse ? 0 : num_chunks - 1) : -1;
     const int b = static_cast<int>(item.batch);
     const bool load_v = !item.zero_v;
     if (threadIdx.x == 0) {
@@ -220,8 +224,8 @@ struct FusedForwardRs {
     constexpr uint32_t kGateBytes = kChunk * sizeof(float);
     const uint32_t bytes =
         kPanelBytes * ((kLoadAg ? 3 : 2) + (with_o ? 2 : 0) + (load_v ? 2 : 0)) + 2 * kGateBytes;
-    auto issue = [&](int64_t c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
-      const int buf = static_cast<int>(c & 1), t0 = static_cast<int>(item.bos + chunk_at(c) * kChunk);
+    auto issue = [&](int c) {  // thread 0: chunk c's boxes and gate record into slot c % 2
+      const int buf = c & 1, t0 = static_cast<int>(item.bos + static_cast<int64_t>(chunk_at(c)) * kChunk);
       auto& slot = s.slot[buf];
       uint64_t* loaded = &s.loaded[buf];
       const float* record = p.chunk_gates + ((item.first_chunk_id + chunk_at(c)) * p.num_v_heads + h) * 2 * kChunk;
@@ -240,10 +244,9 @@ struct FusedForwardRs {
     if (num_chunks > 0 && threadIdx.x == 0) issue(0);
     timeline_mark(p, 0, 1, 11);
 #pragma unroll 1
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = static_cast<int>(c & 1);
+    for (int c = 0; c < num_chunks; ++c) {
+      const int buf = c & 1;
       auto& slot = s.slot[buf];
-      const int rows = Aux::chunk_rows(item, chunk_at(c));
       // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
       bool next_issued = c + 1 >= num_chunks;
       auto issue_next_if_free = [&] {
@@ -257,11 +260,11 @@ struct FusedForwardRs {
       issue_next_if_free();
       timeline_mark(p, 0, c, 1);
       tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));
-      if (rows < kChunk) {  // the last chunk of a sequence: its rows past the end, zero
-        zero_rows(slot.k, 2, rows);
-        if (with_o) zero_rows(slot.q, 2, rows);
-        if (load_v) zero_rows(slot.v, 2, rows);
-        if constexpr (kLoadAg) zero_rows(slot.ag, 1, rows);
+      if (c == zero_step) {  // the last chunk of a sequence: its rows past the end, zero
+        zero_rows(slot.k, 2, last_rows);
+        if (with_o) zero_rows(slot.q, 2, last_rows);
+        if (load_v) zero_rows(slot.v, 2, last_rows);
+        if constexpr (kLoadAg) zero_rows(slot.ag, 1, last_rows);
         wg::fence_shared_to_async();  // the zeroed rows, for the wgmmas below
         Aux::group_sync(Aux::kAuxBarrier);
       }
