@@ -301,7 +301,7 @@ struct BackwardDsPass {
                                                    SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
     const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
-    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    const int num_chunks = static_cast<int>((item.eos - item.bos + kChunk - 1) / kChunk);  // int steps (fewer per chunk)
     const int col0 = 64 * group;
     StateAcc dt;
     if (item.ds_end.base != nullptr) {
@@ -324,7 +324,7 @@ struct BackwardDsPass {
     int grad_row = static_cast<int>((last_chunk_id * p.num_v_heads + h) * kHeadDim) + 64 * group;
     const int grad_step = p.num_v_heads * kHeadDim;
 #pragma unroll 1
-    for (int64_t c = 0; c < num_chunks; ++c) {
+    for (int c = 0; c < num_chunks; ++c) {
       if (save_states) {  // dS^T leaving the chunk (chunk id last_chunk_id - c)
         // the last chunk's stores have read the staging (the wait a no-op but in the storer, and at c = 0:
         // no branches)
