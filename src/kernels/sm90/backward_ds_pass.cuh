@@ -123,8 +123,7 @@ struct BackwardDsPass {
   static constexpr int kPanelBytes = Rs::kPanelBytes;
 
   // The ring's item: the backward item's tokens (the aux group's boxes and gate records).
-  static __device__ __forceinline__ WorkItem ring_item(const BackwardParams& bp) {
-    const BackwardItem item = backward_item(bp, blockIdx.x, blockIdx.y);
+  static __device__ __forceinline__ WorkItem ring_item(const BackwardItem& item) {
     WorkItem ring;
     ring.valid = item.valid;
     ring.batch = item.batch;
@@ -297,10 +296,9 @@ struct BackwardDsPass {
 
   // grad_map: bp.chunk_grad_states as [chunk, hv, 128 rows] x 128, boxes of 64 rows x 64 columns (one
   // staging panel), where save_states.
-  static __device__ __forceinline__ void run_state(const BackwardParams& bp, const CUtensorMap& grad_map,
-                                                   SharedStorage& s, int h, int group) {
+  static __device__ __forceinline__ void run_state(const BackwardParams& bp, const BackwardItem& item,
+                                                   const CUtensorMap& grad_map, SharedStorage& s, int h, int group) {
     const ForwardParams& p = bp.fwd;
-    const BackwardItem item = backward_item(bp, blockIdx.x, h);  // pure: recomputed per role
     const int num_chunks = static_cast<int>((item.eos - item.bos + kChunk - 1) / kChunk);  // int steps (fewer per chunk)
     const int col0 = 64 * group;
     StateAcc dt;
@@ -414,7 +412,9 @@ struct BackwardDsPass {
     auto& s = *reinterpret_cast<SharedStorage*>(smem_ds);
     const ForwardParams& p = bp.fwd;
     const int h = blockIdx.y;
-    if (!backward_item(bp, blockIdx.x, h).valid) return;
+    // The item once for every role (its lookups are ~250 instructions a copy: cold code on a short item)
+    const BackwardItem item = backward_item(bp, blockIdx.x, h);
+    if (!item.valid) return;
     if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
     __syncthreads();
     const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
@@ -422,13 +422,13 @@ struct BackwardDsPass {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Rs::kAuxRegisters));
       zero_upper_p(s);  // made visible to the state groups' wgmmas by the first chunk's fence
       Rs::template aux_loop<true, true>(p, maps, s, true, h / (p.num_v_heads / p.num_qk_heads), h,
-                                        [&] { return ring_item(bp); }, [&](int64_t, int buf, auto&&) {
+                                        [&] { return ring_item(item); }, [&](int64_t, int buf, auto&&) {
                                           chunk_operands(s.slot[buf], s.gcum[buf], s.factors[buf], p.scale);
                                           wg::fence_shared_to_async();  // the operands, for the state groups
                                         });
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Rs::kStateRegisters));
-      run_state(bp, grad_map, s, h, role - 1);
+      run_state(bp, item, grad_map, s, h, role - 1);
     }
   }
 };
