@@ -208,10 +208,14 @@ struct SplitB {  // one 16x8 B fragment, hi and lo parts
   uint32_t hi[2], lo[2];
 };
 
+// hi's two halves back in fp32 are its bits shifted (x0's, the low half) and masked (x1's): one
+// integer operation each (__low2float / __high2float compiled to extract-and-repack PRMTs besides:
+// 8 instructions a pair instead of 6).
 __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
   hi = *reinterpret_cast<const uint32_t*>(&h);
+  const __nv_bfloat162 l =
+      __floats2bfloat162_rn(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
