@@ -165,8 +165,9 @@ __device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const H
 // A step's result (waited for) -> the running slice s_out (null: not kept; S^T hi and lo: the
 // accumulator's 8x8 blocks, rows 16 w + 8 h and columns 8 j, stored transposed by stmatrix; x4 a = blocks j = 2 a + q / 2,
 // h = q % 2, lane L addressing row L % 8 of block L / 8, i.e. S^T row 8 j + L % 8 at k slot 64 g + 16 w
-// + 8 h) and to `out` (a [128][128] fp32 workspace state; null: nowhere); the slice writes made
-// visible to wgmma.
+// + 8 h), the slice writes made visible to wgmma, and then to `out` (a [128][128] fp32 workspace
+// state; null: nowhere): the global stores come after the proxy fence, whose memory barrier
+// (MEMBAR.ALL.CTA) would otherwise wait for them on the chain.
 template <int kCols>
 __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceBuffer<kCols>* s_out, float* out,
                                            int col0) {
@@ -184,6 +185,7 @@ __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceB
     stmatrix_x4_trans(s_out->hi + at, hi);
     stmatrix_x4_trans(s_out->lo + at, lo);
   }
+  wg::fence_shared_to_async();
   if (out != nullptr) {
     const int row0 = step_row0(), c = 2 * (lane % 4);
 #pragma unroll
@@ -193,7 +195,6 @@ __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceB
         *reinterpret_cast<float2*>(&out[slot_row(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =
             make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
   }
-  wg::fence_shared_to_async();
 }
 
 }  // namespace flashgdn::kern::chain
