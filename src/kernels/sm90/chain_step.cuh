@@ -143,23 +143,38 @@ __device__ __forceinline__ void load_step_a(const unsigned char (*m_panels)[kPan
   }
 }
 
+// A running slice's planes as wgmma descriptor tile words (wg::descriptor_from_word: hi, lo),
+// formed once per chain so that a step's descriptors are adds of immediates (re-formed from the
+// slice's address, each half's cost a masking chain of uniform operations per plane).
+struct SliceWords {
+  uint32_t hi, lo;
+};
+template <int kCols>
+__device__ __forceinline__ SliceWords slice_words(const SliceBuffer<kCols>& s) {
+  return {static_cast<uint32_t>(wg::encode(smem_addr(s.hi))), static_cast<uint32_t>(wg::encode(smem_addr(s.lo)))};
+}
+
 // acc (+)= A[:, k-half] @ S[k-half, :]: 12 wgmmas issued and committed as one group, not waited for.
 template <int kCols>
-__device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const HalfA& a, int half,
-                                                const SliceBuffer<kCols>& s_in) {
+__device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const HalfA& a, int half, SliceWords s_in) {
   using wg::Major;
   wg::fence_operand(acc);
   wg::fence();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int k0 = 16 * (4 * half + i);
-    const uint64_t b_hi = wg::descriptor<Major::kK>(s_in.hi, k0, kCols);
-    const uint64_t b_lo = wg::descriptor<Major::kK>(s_in.lo, k0, kCols);
+    const uint64_t b_hi = wg::descriptor_from_word<Major::kK>(s_in.hi, k0, kCols);
+    const uint64_t b_lo = wg::descriptor_from_word<Major::kK>(s_in.lo, k0, kCols);
     wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.lo[i], b_hi, true);
     wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.hi[i], b_lo, true);
     wg::mma_rs<__nv_bfloat16, kCols, Major::kK>(acc, a.hi[i], b_hi, true);
   }
   wg::commit();
+}
+template <int kCols>
+__device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const HalfA& a, int half,
+                                                const SliceBuffer<kCols>& s_in) {
+  issue_step_half<kCols>(acc, a, half, slice_words(s_in));
 }
 
 // A step's result (waited for) -> the running slice s_out (null: not kept; S^T hi and lo: the

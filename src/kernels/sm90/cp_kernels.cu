@@ -477,6 +477,10 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
   put_slice(smem.s[t ^ 1], first_start);
   float base[kCols / 2];
   HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
+  // The ping-pong slices' descriptor words: s[u]'s are s[0]'s plus u slice sizes (in 16-byte units).
+  SliceWords words0 = slice_words(smem.s[0]);
+  asm volatile("" : "+r"(words0.hi), "+r"(words0.lo));
+  constexpr uint32_t kSliceWordStep = sizeof(SliceBuffer<kCols>) / 16;
   loads.wait(smem, t);
   load_step_base<kCols>(smem.base[t], base);
   load_step_a<kTransposed>(smem.m[t], 0, a0);
@@ -487,14 +491,16 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
     float acc[kCols / 2];
 #pragma unroll
     for (int e = 0; e < kCols / 2; ++e) acc[e] = base[e];
-    issue_step_half(acc, a0, 0, smem.s[t ^ 1]);
+    const uint32_t s_in_step = static_cast<uint32_t>(t ^ 1) * kSliceWordStep;
+    const SliceWords s_in{words0.hi + s_in_step, words0.lo + s_in_step};  // smem.s[t ^ 1]
+    issue_step_half<kCols>(acc, a0, 0, s_in);
     mark(j, 4);
     load_step_a<kTransposed>(smem.m[t], 1, a1);
     __syncthreads();  // buffer t read everywhere
     const int j2 = valid(j1) ? static_cast<int>(after(j1)) : j1;
     if (valid(j2)) load(j2, t);
     mark(j, 7);
-    issue_step_half(acc, a1, 1, smem.s[t ^ 1]);
+    issue_step_half<kCols>(acc, a1, 1, s_in);
     wg::wait<1>();  // k-half 0 done: a0 free
     if (valid(j1)) {
       loads.wait(smem, t ^ 1);
