@@ -283,6 +283,21 @@ __device__ __forceinline__ float* segment_block(float* buffer, int num_v_heads, 
   return static_cast<float*>(segment_state(buffer, num_v_heads, segment, h).base);
 }
 
+// segment_block(buffer, num_v_heads, first + j, h) for the steps j of one correction (segment
+// indices of one sequence: j < 2^31): the first block and the 32-bit stride between segments, so
+// that a step's block is one wide multiply-add (re-formed from the 64-bit segment index, a block
+// took ~10 uniform operations, several a step).
+struct SegmentBlocks {
+  float* first;
+  uint32_t stride;  // floats from one segment's block to the next: num_v_heads x 128 x 128
+  __device__ __forceinline__ float* operator()(int64_t j) const {  // j >= 0
+    return first + static_cast<uint64_t>(static_cast<uint32_t>(j)) * stride;
+  }
+};
+__device__ __forceinline__ SegmentBlocks segment_blocks(float* buffer, int num_v_heads, int64_t first, int h) {
+  return {segment_block(buffer, num_v_heads, first, h), static_cast<uint32_t>(num_v_heads) * kHeadDim * kHeadDim};
+}
+
 // The (sequence, v-head, column slice) of a correction CTA and its sequence's segments (the count
 // clamped to the workspace: a device cu_seqlens that disagrees with the host copy must not write
 // past it).
@@ -557,7 +572,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
   auto apply_m = [&](int64_t j) {
     return (j - 1 > 0 || p.shard) && p.window_chunks[(first + j - 1) * p.num_v_heads + h] == 0;
   };
-  auto start_of = [&](int64_t j) { return segment_block(p.segment_starts, p.num_v_heads, first + j, h); };
+  const SegmentBlocks start_of = segment_blocks(p.segment_starts, p.num_v_heads, first, h);
+  const SegmentBlocks ends = segment_blocks(p.segment_ends, p.num_v_heads, first, h);
   auto load_step = [&](int64_t j, int buf) {
     const int64_t prev = (first + j - 1) * p.num_v_heads + h;  // S*_prev and M_prev
     load_correction_step(smem, maps, buf, {prev, prev}, col0);
@@ -570,7 +586,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_correction_kernel(co
     timeline_mark(p, 1, kTimelineCorrectionRow - 1, 2);
     wait_for_previous_grid();  // the state pass's S* and M (returns at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
-    auto copy_source = [&](int64_t j) { return segment_block(p.segment_ends, p.num_v_heads, first + j - 1, h); };
+    auto copy_source = [&](int64_t j) { return ends(j - 1); };
     // The steps with M, serial (correction_m_steps), and the prologue, while their first inputs
     // load: the steps without M, S_{j+1} = S*_j, all at once. The running slice stays in shared
     // memory where M steps are consecutive; an M step after a copy (or after S_0, or first in its
@@ -679,7 +695,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   auto apply_m = [&](int64_t j) {
     return p.grad_window_chunks[(first + j) * p.num_v_heads + h] == 0 && (j < count - 1 || dht.base != nullptr);
   };
-  auto grad_end_of = [&](int64_t j) { return segment_block(bp.segment_grad_ends, p.num_v_heads, first + j, h); };
+  const SegmentBlocks grad_end_of = segment_blocks(bp.segment_grad_ends, p.num_v_heads, first, h);
+  const SegmentBlocks grad_starts = segment_blocks(bp.segment_grad_starts, p.num_v_heads, first, h);
   auto load_step = [&](int64_t j, int buf) {
     const int64_t block = (first + j) * p.num_v_heads + h;  // dS*_j and M_j
     load_correction_step(smem, maps, buf, {block, block}, col0);
@@ -691,7 +708,7 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
     const bool copies = load_step_flags(smem.apply_m, begin, end, apply_m);
     wait_for_previous_grid();  // the dS* pass's dS* and the transitions (at once from the second block on)
     auto m_step = [&](int64_t j) { return smem.apply_m[j - begin] != 0; };
-    auto copy_source = [&](int64_t j) { return segment_block(bp.segment_grad_starts, p.num_v_heads, first + j, h); };
+    auto copy_source = [&](int64_t j) { return grad_starts(j); };
     // The steps with M, serial (as in cp_correction, in reverse), and the prologue, while their first
     // inputs load: the steps without M, dS_j = dS*_j, all at once. An M step j after a copy (or last
     // in its block) takes its start, the gradient leaving segment first + j, from global memory: the
