@@ -49,12 +49,12 @@ __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float*
   for (int e = threadIdx.x; e < kHeadDim * kCols; e += blockDim.x) {
     const int k = e / kCols, n = e % kCols;
     *reinterpret_cast<float*>(smem.base + tma::fp32_panel_offset(k, n)) = base[e];
-    smem.s_in.store(k, n, s[e]);
+    smem.s_in.template store<kTransposed>(k, n, s[e]);
   }
   wg::fence_shared_to_async();
   __syncthreads();
   float acc[kCols / 2];
-  chain::load_step_base<kCols>(smem.base, acc);
+  chain::load_step_base<kCols, kTransposed>(smem.base, acc);
   chain::HalfA a0, a1;
   chain::load_step_a<kTransposed>(smem.m, 0, a0);
   chain::load_step_a<kTransposed>(smem.m, 1, a1);
@@ -62,9 +62,9 @@ __global__ void __launch_bounds__(chain::kChainThreads) step_kernel(const float*
   chain::issue_step_half(acc, a1, 1, smem.s_in);
   wg::wait<0>();
   wg::fence_operand(acc);
-  chain::store_step(acc, &smem.s_out, out, kCol0<kCols>);
+  chain::store_step<kTransposed>(acc, &smem.s_out, out, kCol0<kCols>);
   __syncthreads();
-  for (int e = threadIdx.x; e < kHeadDim * kCols; e += blockDim.x) slice_back[e] = smem.s_out.value(e / kCols, e % kCols);
+  for (int e = threadIdx.x; e < kHeadDim * kCols; e += blockDim.x) slice_back[e] = smem.s_out.template value<kTransposed>(e / kCols, e % kCols);
 }
 
 #define CHECK_CUDA(x)                                                           \

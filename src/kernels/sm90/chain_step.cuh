@@ -12,7 +12,11 @@
 //   is M's columns m and m + 4, which ldmatrix delivers from the fp32 panels without bank conflicts
 //   (a row-major pair of adjacent columns is 2-way conflicted per half-warp: rows r and r ^ 1 share
 //   their two 16-byte units under the 128-byte swizzle). next = base + A S is the same product in
-//   either basis; the step's inputs and outputs are read and written at slot_row(slot).
+//   either basis; the step's inputs and outputs are read and written at slot_row(slot). With A = M^T
+//   (kTransposed: the gradient chains) the pairs of odd m are the other way round (slots 2m, 2m + 1
+//   hold rows m + 4, m), so that the row each lane loads first is its pair's first element (the
+//   conflict-free load order of load_step_a; the common basis took a select per element). Every
+//   function that places state rows in slots takes kTransposed, and a chain uses one basis throughout.
 //   A: split into registers per k-half (HalfA, load_step_a), two commit groups (issue_step_half).
 //   result: store_step -> the next running slice (stmatrix .trans) and a [128][128] fp32 state.
 #pragma once
@@ -32,19 +36,29 @@ constexpr int kPanelCols = 32;             // fp32 columns of one 128-byte-swizz
 constexpr int kPanelBytes = kHeadDim * kPanelCols * 4;  // [128 rows][32] fp32: 16 KiB
 constexpr int kChainThreads = 256;         // 2 warpgroups, group g owns slice rows 64 g .. 64 g + 63
 
-// State row of slot i (header comment) and its inverse.
+// State row of slot i (header comment; kTransposed: A = M^T's basis) and its inverse.
+template <bool kTransposed = false>
 __host__ __device__ constexpr int slot_row(int slot) {
-  return (slot & ~7) | ((slot & 1) << 2) | ((slot & 7) >> 1);
+  const int m = (slot & 7) >> 1, second = slot & 1;
+  return (slot & ~7) | (m + 4 * (kTransposed ? second ^ (m & 1) : second));
 }
-__host__ __device__ constexpr int row_slot(int row) { return (row & ~7) | ((row & 3) << 1) | ((row >> 2) & 1); }
+template <bool kTransposed = false>
+__host__ __device__ constexpr int row_slot(int row) {
+  const int m = row & 3, upper = (row >> 2) & 1;
+  return (row & ~7) | (2 * m + (kTransposed ? upper ^ (m & 1) : upper));
+}
 static_assert(slot_row(0) == 0 && slot_row(1) == 4 && slot_row(2) == 1 && slot_row(7) == 7 && slot_row(13) == 14 &&
                   row_slot(slot_row(13)) == 13 && row_slot(5) == 3 && slot_row(row_slot(126)) == 126,
               "slots 2m, 2m + 1 of each aligned 8 hold rows m, m + 4");
+static_assert(slot_row<true>(0) == 0 && slot_row<true>(1) == 4 && slot_row<true>(2) == 5 && slot_row<true>(3) == 1 &&
+                  slot_row<true>(7) == 3 && slot_row<true>(13) == 14 && slot_row<true>(11) == 9 && row_slot<true>(slot_row<true>(13)) == 13 &&
+                  row_slot<true>(5) == 2 && slot_row<true>(row_slot<true>(126)) == 126,
+              "A = M^T: slots 2m, 2m + 1 hold rows m, m + 4 for even m and m + 4, m for odd m");
 
 // The running slice S [128 k, kCols n] as the steps' wgmma B operand: S^T [kCols n][128 k slots]
 // K-major, bf16 hi and lo (hi + lo within 2^-17 of the fp32 value), each plane two 128-byte-swizzled
 // panels of 64 k (wgmma.cuh's tile layout, kCols rows a panel); store and value take the state row k
-// (at slot row_slot(k)).
+// (at slot row_slot<kTransposed>(k), the chain's basis).
 template <int kCols>
 struct SliceBuffer {
   static_assert(kCols == 16 || kCols == 32, "m64n16k16 or m64n32k16 steps; a base slice within one panel");
@@ -52,14 +66,16 @@ struct SliceBuffer {
   alignas(1024) unsigned char hi[2 * kPanelBytes];
   alignas(1024) unsigned char lo[2 * kPanelBytes];
 
+  template <bool kTransposed = false>
   __device__ __forceinline__ void store(int k, int n, float x) {
-    const uint32_t at = wg::tile_offset(n, row_slot(k), kCols);
+    const uint32_t at = wg::tile_offset(n, row_slot<kTransposed>(k), kCols);
     const __nv_bfloat16 h = __float2bfloat16_rn(x);
     *reinterpret_cast<__nv_bfloat16*>(hi + at) = h;
     *reinterpret_cast<__nv_bfloat16*>(lo + at) = __float2bfloat16_rn(x - __bfloat162float(h));
   }
+  template <bool kTransposed = false>
   __device__ __forceinline__ float value(int k, int n) const {
-    const uint32_t at = wg::tile_offset(n, row_slot(k), kCols);
+    const uint32_t at = wg::tile_offset(n, row_slot<kTransposed>(k), kCols);
     return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(hi + at)) +
            __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(lo + at));
   }
@@ -88,14 +104,14 @@ __device__ __forceinline__ int step_row0() {  // the thread's first accumulator 
 }
 
 // The base slice (the first kCols columns of a [128][32] fp32 panel) at the accumulator's positions.
-template <int kCols>
+template <int kCols, bool kTransposed = false>
 __device__ __forceinline__ void load_step_base(const unsigned char* base_panel, float (&base)[kCols / 2]) {
   const int row0 = step_row0(), c = 2 * (threadIdx.x % 4);
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = slot_row(row0 + 8 * half);
+      const int row = slot_row<kTransposed>(row0 + 8 * half);
       const float2 b = *reinterpret_cast<const float2*>(panel_element(base_panel, row, 8 * j + c));
       base[4 * j + 2 * half] = b.x, base[4 * j + 2 * half + 1] = b.y;
     }
@@ -103,15 +119,17 @@ __device__ __forceinline__ void load_step_base(const unsigned char* base_panel, 
 
 // k-half `half` of M (or M^T), four [128][32] fp32 column panels, as A fragments in slots: a[q] of
 // k-step ks is the pair of k slots 8 b + 2 m, 8 b + 2 m + 1 (b = 2 ks + q / 2, m = l % 4), i.e.
-// state columns 8 b + m and 8 b + m + 4, in row slot r = 16 w + l / 4 + 8 (q % 2) (state row
-// slot_row(r)).
+// state columns slot_row<kTransposed>(8 b + 2 m), slot_row<kTransposed>(8 b + 2 m + 1) (8 b + m and
+// 8 b + m + 4, in that order but for A = M^T's odd m), in row slot r = 16 w + l / 4 + 8 (q % 2)
+// (state row slot_row<kTransposed>(r)).
 //   A = M: ldmatrix.x4 on the fp32 panels viewed as b16 (an 8x8 b16 matrix is 8 rows of 4 fp32; lane
 //     l receives fp32 column l % 4 of row l / 4): per k-step two x4, matrices (q % 2, column 8 b or
 //     8 b + 4), lane L addressing row slot_row(16 w + 8 (q % 2) + L % 8); the 8 rows of a matrix are
 //     one aligned 8, their 16-byte units distinct under the swizzle: one wavefront a matrix.
-//   A = M^T: A[r][k] = M[slot_row(k)][slot_row(r)], scalar loads of rows 8 b + m and 8 b + m + 4 in
-//     column slot_row(r), the odd-m lanes taking the second row first (rows {0, 5, 2, 7} and then
-//     {4, 1, 6, 3} of the aligned 8 in one instruction: distinct unit pairs, one wavefront).
+//   A = M^T: A[r][k] = M[slot_row<true>(k)][slot_row<true>(r)], scalar loads of rows
+//     slot_row<true>(8 b + 2 m) = 8 b + m + 4 (m % 2) first and then the pair's other row, in column
+//     slot_row<true>(r) (rows {0, 5, 2, 7} and then {4, 1, 6, 3} of the aligned 8 in one instruction:
+//     distinct unit pairs, one wavefront); each lane's first load is its pair's first element.
 template <bool kTransposed>
 __device__ __forceinline__ void load_step_a(const unsigned char (*m_panels)[kPanelBytes], int half, HalfA& a) {
   const int lane = threadIdx.x % 32, m = lane % 4;
@@ -122,10 +140,12 @@ __device__ __forceinline__ void load_step_a(const unsigned char (*m_panels)[kPan
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int col = slot_row(warp_slot0 + 8 * (q % 2) + lane / 4);
+        // Column slot_row<true>(r) and rows slot_row<true>(k slots 8 b + 2 m, 8 b + 2 m + 1), written
+        // as an aligned 8 plus the lane's part so that the addresses stay base + immediate.
+        const int col = warp_slot0 + 8 * (q % 2) + slot_row<true>(lane / 4);
         const int k0 = 8 * (2 * (4 * half + i) + q / 2) + m, odd = m & 1;
         const float first = *m_at(k0 + 4 * odd, col), second = *m_at(k0 + 4 * (1 - odd), col);
-        split_pair(odd ? second : first, odd ? first : second, a.hi[i][q], a.lo[i][q]);
+        split_pair(first, second, a.hi[i][q], a.lo[i][q]);
       }
   } else {
     // x4 matrix L / 8 of k-step i, load u: row half (L / 8) / 2, column 8 (2 ks + u) + 4 ((L / 8) % 2).
@@ -183,7 +203,7 @@ __device__ __forceinline__ void issue_step_half(float (&acc)[kCols / 2], const H
 // + 8 h), the slice writes made visible to wgmma, and then to `out` (a [128][128] fp32 workspace
 // state; null: nowhere): the global stores come after the proxy fence, whose memory barrier
 // (MEMBAR.ALL.CTA) would otherwise wait for them on the chain.
-template <int kCols>
+template <bool kTransposed = false, int kCols>
 __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceBuffer<kCols>* s_out, float* out,
                                            int col0) {
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -207,7 +227,7 @@ __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceB
     for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(&out[slot_row(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =
+        *reinterpret_cast<float2*>(&out[slot_row<kTransposed>(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =
             make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
   }
 }

@@ -265,7 +265,7 @@ template <bool kTransposed, int kCols>
 __device__ __forceinline__ void correction_step(CorrectionStorage<kCols>& smem, int t, bool apply_m, float* out,
                                                 int col0) {
   float acc[kCols / 2];
-  load_step_base<kCols>(smem.base[t], acc);
+  load_step_base<kCols, kTransposed>(smem.base[t], acc);
   if (apply_m) {
     HalfA a[2];
     load_step_a<kTransposed>(smem.m[t], 0, a[0]);
@@ -275,7 +275,7 @@ __device__ __forceinline__ void correction_step(CorrectionStorage<kCols>& smem, 
     wg::wait<0>();
     wg::fence_operand(acc);
   }
-  store_step(acc, &smem.s[t], out, col0);
+  store_step<kTransposed>(acc, &smem.s[t], out, col0);
 }
 
 // segment_state's block as a plain pointer ([128][128] fp32, rows of 128).
@@ -423,14 +423,14 @@ __device__ __forceinline__ FetchedSlice<kCols> fetch_slice(const float* state, i
                        : make_float2(0.f, 0.f);
   return f;
 }
-template <int kCols>
+template <bool kTransposed, int kCols>
 __device__ __forceinline__ void put_slice(SliceBuffer<kCols>& slice, const FetchedSlice<kCols>& f) {
   using F = FetchedSlice<kCols>;
   if (!f.present) return;
 #pragma unroll
   for (int i = 0; i < kHeadDim / F::kRowStep; ++i) {
-    slice.store(F::row() + i * F::kRowStep, F::col(), f.x[i].x);
-    slice.store(F::row() + i * F::kRowStep, F::col() + 1, f.x[i].y);
+    slice.template store<kTransposed>(F::row() + i * F::kRowStep, F::col(), f.x[i].x);
+    slice.template store<kTransposed>(F::row() + i * F::kRowStep, F::col() + 1, f.x[i].y);
   }
   wg::fence_shared_to_async();
 }
@@ -489,7 +489,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
   if (valid(j1)) load(j1, t ^ 1);
   const FetchedSlice<kCols> first_start = fetch_slice<kCols>(start_of(j), col0);
   prologue();
-  put_slice(smem.s[t ^ 1], first_start);
+  put_slice<kTransposed>(smem.s[t ^ 1], first_start);
   float base[kCols / 2];
   HalfA a0, a1;  // k-half 0 (split a step ahead), k-half 1
   // The ping-pong slices' descriptor words: s[u]'s are s[0]'s plus u slice sizes (in 16-byte units).
@@ -497,7 +497,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
   asm volatile("" : "+r"(words0.hi), "+r"(words0.lo));
   constexpr uint32_t kSliceWordStep = sizeof(SliceBuffer<kCols>) / 16;
   loads.wait(smem, t);
-  load_step_base<kCols>(smem.base[t], base);
+  load_step_base<kCols, kTransposed>(smem.base[t], base);
   load_step_a<kTransposed>(smem.m[t], 0, a0);
   for (;;) {
     mark(j, 0);
@@ -520,7 +520,7 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
     if (valid(j1)) {
       loads.wait(smem, t ^ 1);
       mark(j, 1);
-      load_step_base<kCols>(smem.base[t ^ 1], base);
+      load_step_base<kCols, kTransposed>(smem.base[t ^ 1], base);
       load_step_a<kTransposed>(smem.m[t ^ 1], 0, a0);
       mark(j, 6);
     }
@@ -528,13 +528,13 @@ __device__ __forceinline__ void correction_m_steps(CorrectionStorage<kCols>& sme
     wg::fence_operand(acc);
     mark(j, 5);
     const bool chained = valid(j1) && consecutive(j, j1);  // the next step starts from this one's slice
-    store_step(acc, chained ? &smem.s[t] : nullptr, out(j), col0);
+    store_step<kTransposed>(acc, chained ? &smem.s[t] : nullptr, out(j), col0);
     mark(j, 3);
     t ^= 1;
     if (!valid(j1)) return;
     // Not chained: the next step's start into the slot this step left unwritten (last read by the
     // previous step's wgmmas, done before this step's first barrier).
-    if (!chained) put_slice(smem.s[t ^ 1], fetch_slice<kCols>(start_of(j1), col0));
+    if (!chained) put_slice<kTransposed>(smem.s[t ^ 1], fetch_slice<kCols>(start_of(j1), col0));
     j = j1;
     j1 = j2;
   }
@@ -685,8 +685,8 @@ __global__ void __launch_bounds__(kCorrectionThreads, 1) cp_grad_correction_kern
   for (int u = 0; u < StateSlice<kCols>::kVecs; ++u) {
     const int2 rc = StateSlice<kCols>::at(u, 0);
     const float4 x = dht_slice.x[u];
-    smem.s[1].store(rc.x, rc.y, x.x), smem.s[1].store(rc.x, rc.y + 1, x.y);
-    smem.s[1].store(rc.x, rc.y + 2, x.z), smem.s[1].store(rc.x, rc.y + 3, x.w);
+    smem.s[1].template store<true>(rc.x, rc.y, x.x), smem.s[1].template store<true>(rc.x, rc.y + 1, x.y);
+    smem.s[1].template store<true>(rc.x, rc.y + 2, x.z), smem.s[1].template store<true>(rc.x, rc.y + 3, x.w);
   }
   wg::fence_shared_to_async();
   // Step j (count - 1 >= j >= 1) writes the gradient leaving segment first + j - 1 from segment
@@ -751,7 +751,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) cp_grad_shard_maps_kernel(
   float* map = bp.shard_grad + (n * p.num_v_heads + h) * (kHeadDim * kHeadDim);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    smem.s[1].store(k, c0 + i, 0.f);  // dS_J, read by the first step
+    smem.s[1].store<true>(k, c0 + i, 0.f);  // dS_J, read by the first step
     if (count <= 0) map[k * kHeadDim + col0 + c0 + i] = 0.f;
   }
   wg::fence_shared_to_async();
@@ -840,7 +840,7 @@ __global__ void __launch_bounds__(kCorrectionThreads) shard_grad_scan_kernel(con
   dht.load_row(k, col0 + c0, x);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    smem.s[1].store(k, c0 + i, x[i]);  // read by step 0
+    smem.s[1].store<true>(k, c0 + i, x[i]);  // read by step 0
     if (steps == 0) d_out[k * kHeadDim + col0 + c0 + i] = x[i];
   }
   wg::fence_shared_to_async();
