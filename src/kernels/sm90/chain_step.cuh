@@ -224,11 +224,11 @@ __device__ __forceinline__ void store_step(const float (&acc)[kCols / 2], SliceB
   if (out != nullptr) {
     const int row0 = step_row0(), c = 2 * (lane % 4);
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j)
+    for (int half = 0; half < 2; ++half) {
+      float* const row = out + (slot_row<kTransposed>(row0 + 8 * half) * kHeadDim + col0 + c);  // + 8 j: immediates
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(&out[slot_row<kTransposed>(row0 + 8 * half) * kHeadDim + col0 + 8 * j + c]) =
-            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      for (int j = 0; j < kCols / 8; ++j) store_global_8(row + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    }
   }
 }
 

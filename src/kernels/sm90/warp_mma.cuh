@@ -196,6 +196,10 @@ __device__ __forceinline__ void store_global_16(void* dst, uint32_t w0, uint32_t
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
                : "memory");
 }
+// One 8-byte global store (st.global.v2), likewise.
+__device__ __forceinline__ void store_global_8(void* dst, float x, float y) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
 
 // fp32 products on bf16 tensor cores ("bf16x3"): every fp32 operand x is split as x = hi + lo with
 // hi = bf16(x), lo = bf16(x - hi), and A B ~ A_hi B_hi + A_hi B_lo + A_lo B_hi with fp32
