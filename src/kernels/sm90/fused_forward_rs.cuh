@@ -328,20 +328,58 @@ struct FusedForwardRs {
       load_stored_state<float>(item.initial, col0, st);
     }
   }
-  // acc_col(j, e) = acc_col(0, e) + 8 j: four offsets a thread, then steps of 8 k-rows.
+  // A stored block's layout: the dense [K][V] and [V][K] blocks of a contiguous states tensor (and
+  // the CP and backward workspaces) have their strides known at compile time, so that each of a
+  // thread's 64 elements is its first plus an immediate (one load or store an element); any other
+  // strides take four pointers a thread, each advanced by 8 k-rows a step (a 64-bit add more an
+  // element). An item's start and end run once, on a cold instruction cache.
+  enum class StateLayout { kStrided, kKV, kVK };
+  static __device__ __forceinline__ StateLayout state_layout(const StateBlock& block) {
+    if (block.k_stride == kHeadDim && block.v_stride == 1) return StateLayout::kKV;
+    if (block.k_stride == 1 && block.v_stride == kHeadDim) return StateLayout::kVK;
+    return StateLayout::kStrided;
+  }
+  // visit(x, at): element x = 4 j + e of S^T's accumulator, S[k][v] with k = acc_col(j, e) =
+  // acc_col(0, 0) + 8 j + e % 2 and v = col0 + acc_row(e) = col0 + acc_row(0) + 8 (e / 2), lies at `at`.
+  template <typename T, StateLayout kLayout, typename Visit>
+  static __device__ __forceinline__ void visit_state(const StateBlock& block, int col0, Visit&& visit) {
+    T* const base = static_cast<T*>(block.base);
+    if constexpr (kLayout == StateLayout::kStrided) {
+      T* at[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        at[e] = base + (Tiles::acc_col(0, e) * block.k_stride + (col0 + Tiles::acc_row(e)) * block.v_stride);
+      const int64_t step = 8 * block.k_stride;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          visit(4 * j + e, at[e]);
+          at[e] += step;
+        }
+    } else {
+      constexpr int k_stride = kLayout == StateLayout::kKV ? kHeadDim : 1;
+      constexpr int v_stride = kLayout == StateLayout::kKV ? 1 : kHeadDim;
+      T* const first = base + (Tiles::acc_col(0, 0) * k_stride + (col0 + Tiles::acc_row(0)) * v_stride);
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) visit(4 * j + e, first + ((8 * j + e % 2) * k_stride + 8 * (e / 2) * v_stride));
+    }
+  }
+  // A stored state's 64 values a thread, loaded back to back, then converted.
   template <typename T>
   static __device__ __forceinline__ void load_stored_state(const StateBlock& from, int col0, StateAcc& st) {
-    const T* base = static_cast<const T*>(from.base);
-    int64_t offset[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      offset[e] = Tiles::acc_col(0, e) * from.k_stride + (col0 + Tiles::acc_row(e)) * from.v_stride;
-    const int64_t step = 8 * from.k_stride;
+    switch (state_layout(from)) {
+      case StateLayout::kKV: return load_stored_state<T, StateLayout::kKV>(from, col0, st);
+      case StateLayout::kVK: return load_stored_state<T, StateLayout::kVK>(from, col0, st);
+      default: return load_stored_state<T, StateLayout::kStrided>(from, col0, st);
+    }
+  }
+  template <typename T, StateLayout kLayout>
+  static __device__ __forceinline__ void load_stored_state(const StateBlock& from, int col0, StateAcc& st) {
     T raw[64];
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) raw[4 * j + e] = base[offset[e] + j * step];
+    visit_state<T, kLayout>(from, col0, [&](int x, const T* at) { raw[x] = *at; });
 #pragma unroll
     for (int x = 0; x < 64; ++x) {
       if constexpr (std::is_same_v<T, float>)
@@ -350,10 +388,8 @@ struct FusedForwardRs {
         st[x] = __bfloat162float(raw[x]);
     }
   }
-  // A state (checkpoint, final state, the dS pass's ds_start) from S^T's accumulator, as
-  // load_stored_state reads one: the element type decided once, four pointers a thread, each advanced
-  // by 8 k-rows a step (a 64-bit add and a store an element, where StateBlock::store formed each
-  // element's 64-bit offset from its coordinates).
+  // A state (the final state, the dS pass's ds_start) from S^T's accumulator, as load_stored_state
+  // reads one, the element type and the layout decided once.
   static __device__ void store_state(const StateBlock& out, int col0, const StateAcc& st) {
     if (out.bf16)
       store_stored_state<__nv_bfloat16>(out, col0, st);
@@ -362,27 +398,28 @@ struct FusedForwardRs {
   }
   template <typename T>
   static __device__ __forceinline__ void store_stored_state(const StateBlock& to, int col0, const StateAcc& st) {
-    T* at[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      at[e] = static_cast<T*>(to.base) + (Tiles::acc_col(0, e) * to.k_stride + (col0 + Tiles::acc_row(e)) * to.v_stride);
-    const int64_t step = 8 * to.k_stride;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if constexpr (std::is_same_v<T, float>)
-          *at[e] = st[4 * j + e];
-        else
-          *at[e] = __float2bfloat16_rn(st[4 * j + e]);
-        at[e] += step;
-      }
+    switch (state_layout(to)) {
+      case StateLayout::kKV: return store_stored_state<T, StateLayout::kKV>(to, col0, st);
+      case StateLayout::kVK: return store_stored_state<T, StateLayout::kVK>(to, col0, st);
+      default: return store_stored_state<T, StateLayout::kStrided>(to, col0, st);
+    }
   }
+  template <typename T, StateLayout kLayout>
+  static __device__ __forceinline__ void store_stored_state(const StateBlock& to, int col0, const StateAcc& st) {
+    visit_state<T, kLayout>(to, col0, [&](int x, T* at) {
+      if constexpr (std::is_same_v<T, float>)
+        *at = st[x];
+      else
+        *at = __float2bfloat16_rn(st[x]);
+    });
+  }
+  // A checkpoint (fp32) by the strided path only: it is stored inside the chunk loop, whose code the
+  // layout cases would lengthen (by ~160 instructions) where it runs once per checkpoint_chunks chunks.
   static __device__ void store_checkpoint(const ForwardParams& p, const WorkItem& item, int64_t c, int rows, int h,
                                           int col0, const StateAcc& st) {
     if (item.write_checkpoints && rows == kChunk && (item.chunks_before + c + 1) % p.checkpoint_chunks == 0)
-      store_state(checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h), col0,
-                  st);
+      store_stored_state<float, StateLayout::kStrided>(
+          checkpoint_state(p, item.sequence, (item.chunks_before + c + 1) / p.checkpoint_chunks - 1, h), col0, st);
   }
 
   // The per-token gate scales of a chunk's end, from its gcum (log2 units): o's column factors and
