@@ -366,7 +366,9 @@ struct FusedForwardInv {
 
 #pragma unroll 1
     for (int64_t c = 0; c < num_chunks; ++c) {
-      const int buf = Rs::wait_ready(p, s.ready, c), stage = static_cast<int>(c % kKeyStages);
+      // c % 3 in 32 bits (an item has < 2^31 chunks): one multiply-high, where the 64-bit remainder took
+      // ~12 uniform instructions a chunk
+      const int buf = Rs::wait_ready(p, s.ready, c), stage = static_cast<int>(static_cast<uint32_t>(c) % kKeyStages);
       tma::wait(&s.loaded[buf], static_cast<uint32_t>((c >> 1) & 1));  // Q, V (the keys: before ready)
       const Slot& slot = s.slot[buf];
       const unsigned char* k = s.k[stage];
