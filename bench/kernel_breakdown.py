@@ -66,8 +66,8 @@ def call_of(spec: str):
             cache = forward_cp_cache(x, inp["cu"], inp["cu_cpu"], inp["scale"])
         fn = lambda: flashgdn.chunk_gated_delta_rule_bwd(  # noqa: E731
             x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"], inp["cu"],
-            inp["scale"], False, False, inp["cu_cpu"], mode, segment, cp_states=None if cache is None else cache[0],
-            cp_states_segment_chunks=0 if cache is None else cache[1])
+            inp["scale"], False, False, inp["cu_cpu"], mode, segment,
+            **(ops.CpCache.backward_kwargs(cache) if cache is not None else {}))
     elif pinned:
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))

@@ -119,13 +119,17 @@ struct ForwardProblem {
   // (row-major [K][V] blocks whatever in.state_layout).
   ShardPhase shard_phase = ShardPhase::kNone;
   TensorRef shard_maps;
-  // Optional output, for the backward (the CP cache): the state entering every segment of the
-  // intra-card CP cut this call runs, fp32 contiguous [segments, Hv, K, V] in the library's own
-  // layout (pass it back to BackwardProblem::cp_states unchanged), with `segments` and the cut from
-  // forward_cp_cache_shape. Only for a call that runs CP (forward_cp_cache_shape's segment_chunks > 0), without
-  // shard phases. Costs the forward nothing: the segment states it forms anyway go there instead of
-  // the workspace.
+  // Optional outputs, both or neither, for the backward (the CP cache): the state entering every
+  // segment of the intra-card CP cut this call runs (cp_states, fp32 contiguous [segments, Hv, K, V])
+  // and the segments' transitions M_j where a head has no decay window (cp_transitions, fp32
+  // contiguous [segments, Hv, K, K], K == V), in the library's own layout (pass them to the
+  // backward unchanged), with `segments` and the cut from forward_cp_cache_shape. Only for a call
+  // that runs CP (forward_cp_cache_shape's segment_chunks > 0), without shard phases. The states and
+  // the transitions are what the forward forms anyway (they go there instead of the workspace), but
+  // for the last segments' transitions, formed for the backward's final-state gradient in the same
+  // pass as the others.
   TensorRef cp_states;
+  TensorRef cp_transitions;
 };
 
 struct BackwardProblem {
@@ -152,11 +156,15 @@ struct BackwardProblem {
   // beta |k|^2 <= 2 (normalised keys, beta in (0, 2]); keys far past it overflow fp16 and give
   // non-finite gradients, never finite wrong ones.
   bool inverse_fp32 = false;
-  // Optional, the forward's CP cache (ForwardProblem::cp_states of a forward with the same inputs and
-  // options, and cp_segment_chunks = forward_cp_cache_shape's segment_chunks of it): the backward then runs
-  // that cut (its own planner is not asked) and skips what rebuilds these states (the forward's
-  // decay windows, the state pass's segment end states and the correction). Not with shard phases.
+  // Optional, the forward's CP cache (ForwardProblem::cp_states and cp_transitions of a forward with
+  // the same inputs and options, and cp_segment_chunks = forward_cp_cache_shape's segment_chunks of
+  // it): the backward then runs that cut (its own planner is not asked) and skips what rebuilds the
+  // segment states (the state pass's segment end states and the correction) and the transitions the
+  // forward formed; it forms the few others its reverse correction needs (heads whose backward
+  // window is missing where the forward's was not: expansive keys) into cp_transitions. Not with
+  // shard phases.
   TensorRef cp_states;
+  TensorRef cp_transitions;
   int64_t cp_segment_chunks = 0;
 };
 

@@ -35,14 +35,14 @@ class Inputs(ctypes.Structure):
 class ForwardOutputs(ctypes.Structure):
     _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor), ("checkpoints", Tensor),
                 ("checkpoint_chunks", ctypes.c_int64), ("token_states", Tensor), ("shard_phase", ctypes.c_int32),
-                ("shard_maps", Tensor), ("cp_states", Tensor)]
+                ("shard_maps", Tensor), ("cp_states", Tensor), ("cp_transitions", Tensor)]
 
 
 class BackwardTensors(ctypes.Structure):
     _fields_ = [(name, Tensor) for name in
                 ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")] + [
         ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32),
-        ("cp_states", Tensor), ("cp_segment_chunks", ctypes.c_int64)]
+        ("cp_states", Tensor), ("cp_transitions", Tensor), ("cp_segment_chunks", ctypes.c_int64)]
 
 
 class FlashGDNError(RuntimeError):

@@ -6,7 +6,7 @@ CUDA tensors run the SM90 kernels; CPU tensors run the float64 reference (slow, 
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -154,7 +154,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
                  checkpoint_chunks: int = 0, token_states: Optional[torch.Tensor] = None, kernel: int = 0,
                  shard_phase: int = 0, shard_maps: Optional[torch.Tensor] = None,
                  workspace: Optional[torch.Tensor] = None,
-                 cp_states: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                 cp_cache: Optional["CpCache"] = None) -> Optional[torch.Tensor]:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
@@ -189,9 +189,9 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     (default: allocated per call). Returns the workspace used (None for the CPU reference), which
     phase 1 hands to phase 2.
 
-    cp_states (the CP cache for the backward): where the call runs intra-card CP, the tensor of
-    new_cp_cache(...) (same arguments), which receives the state entering every segment; hand it
-    with its cut to chunk_gated_delta_rule_bwd / backward_into (cp_states, cp_segment_chunks)."""
+    cp_cache (for the backward): where the call runs intra-card CP, new_cp_cache(...) of the same
+    arguments, whose tensors receive the state entering every segment and the segments' transitions;
+    hand it to backward_into(cp_cache=) or its fields to chunk_gated_delta_rule_bwd."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -206,7 +206,8 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     c_out.token_states = _tensor(token_states)
     c_out.shard_phase = int(shard_phase)
     c_out.shard_maps = _tensor(shard_maps)
-    c_out.cp_states = _tensor(cp_states)
+    if cp_cache is not None:
+        c_out.cp_states, c_out.cp_transitions = _tensor(cp_cache.states), _tensor(cp_cache.transitions)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
         return None
@@ -229,14 +230,28 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     return workspace
 
 
+class CpCache(NamedTuple):
+    """The forward's CP cache for its backward (flashgdn::ForwardProblem::cp_states, cp_transitions):
+    fp32 [segments, Hv, K, V] segment states, fp32 [segments, Hv, K, K] transitions (the library's own
+    layout) and the cut they belong to."""
+    states: torch.Tensor
+    transitions: torch.Tensor
+    segment_chunks: int
+
+    @staticmethod
+    def backward_kwargs(cache: Optional["CpCache"]) -> dict:
+        """chunk_gated_delta_rule_bwd's keyword arguments for the cache (none for None)."""
+        if cache is None:
+            return {}
+        return dict(cp_states=cache.states, cp_transitions=cache.transitions, cp_states_segment_chunks=cache.segment_chunks)
+
+
 def new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False,
                  state_v_first: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
-                 cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0
-                 ) -> Optional[tuple[torch.Tensor, int]]:
+                 cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0) -> Optional[CpCache]:
     """The CP cache of a forward with these arguments (flashgdn::forward_cp_cache_shape: host-only, no
-    device sync): None where that forward runs no intra-card CP (or on the CPU), else (cp_states,
-    cp_segment_chunks): an uninitialised fp32 tensor [segments, Hv, 128, 128] for forward_into's
-    cp_states, and the cut to give the backward with it."""
+    device sync), its tensors uninitialised, for forward_into(cp_cache=); None where that forward runs
+    no intra-card CP (or on the CPU)."""
     if q.device.type != "cuda":
         return None
     if cu_seqlens_cpu is not None:
@@ -249,7 +264,9 @@ def new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float, use_
     if segment_chunks.value == 0:
         return None
     states = torch.empty((segments.value, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32, device=q.device)
-    return states, int(segment_chunks.value)
+    transitions = torch.empty((segments.value, v.shape[2], q.shape[3], q.shape[3]), dtype=torch.float32,
+                              device=q.device)
+    return CpCache(states, transitions, int(segment_chunks.value))
 
 
 TIMELINE_SHAPE = (2, 128, 12)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
@@ -286,7 +303,7 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
                                cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
                                inverse_fp32: bool = False, cp_states: Optional[torch.Tensor] = None,
-                               cp_states_segment_chunks: int = 0
+                               cp_transitions: Optional[torch.Tensor] = None, cp_states_segment_chunks: int = 0
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor]:
     """Low-level backward: (dq, dk, dv, dg, dbeta, dh0) from the forward's inputs, the gradient of o
@@ -294,15 +311,16 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     beta's dtype; dh0 is empty when there is no initial_state. dq/dk are summed over each group of
     value heads and include the L2-norm backward when use_qk_l2norm_in_kernel. inverse_fp32: the
     chunk inverse merged in split bf16 for keys past beta |k|^2 <= 2 (as the forward's).
-    cp_states, cp_states_segment_chunks: the forward's CP cache (new_cp_cache, filled by forward_into
-    with the same inputs and options): the backward then runs the forward's cut and skips rebuilding
-    the segment states (as FlashQLA's backward reuses its forward's CP cache)."""
+    cp_states, cp_transitions, cp_states_segment_chunks: the forward's CP cache (the fields of
+    new_cp_cache's, filled by forward_into with the same inputs and options): the backward then runs
+    the forward's cut and skips rebuilding the segment states and transitions (as FlashQLA's backward
+    reuses its forward's CP cache); it may add transitions to cp_transitions."""
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
     backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
                   initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
                   context_parallel, cp_segment_chunks, cp_decay_threshold, inverse_fp32=inverse_fp32,
-                  cp_cache=None if cp_states is None else (cp_states, cp_states_segment_chunks))
+                  cp_cache=None if cp_states is None else CpCache(cp_states, cp_transitions, cp_states_segment_chunks))
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -319,7 +337,7 @@ def _grad_outputs(q, k, v, g, beta, initial_state):
 @chunk_gated_delta_rule_bwd.register_fake
 def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
       cu_seqlens_cpu=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0, inverse_fp32=False,
-      cp_states=None, cp_states_segment_chunks=0):
+      cp_states=None, cp_transitions=None, cp_states_segment_chunks=0):
     return _grad_outputs(q, k, v, g, beta, initial_state)
 
 
@@ -329,7 +347,7 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
                   cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0, shard_phase: int = 0,
                   shard_grad: Optional[torch.Tensor] = None,
                   workspace: Optional[torch.Tensor] = None, inverse_fp32: bool = False,
-                  cp_cache: Optional[tuple[torch.Tensor, int]] = None) -> Optional[torch.Tensor]:
+                  cp_cache: Optional[CpCache] = None) -> Optional[torch.Tensor]:
     """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
     context_parallel etc. as for forward_into (the backward's own intra-card CP). inverse_fp32: the
     chunk inverse merged in split bf16 (keys past the range) instead of fp16 (beta |k|^2 <= 2; keys
@@ -341,8 +359,9 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
     backward from initial_state and dht on phase 1's workspace (same inputs, do and stream). Returns
     the workspace used (None for the CPU reference).
 
-    cp_cache: (cp_states, cp_segment_chunks) of new_cp_cache after forward_into filled cp_states
-    (same inputs and options): the forward's cut and segment states, reused."""
+    cp_cache: new_cp_cache's, filled by forward_into(cp_cache=) with the same inputs and options: the
+    forward's cut, segment states and transitions, reused (transitions the backward needs and the
+    forward did not form are added to it)."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -354,8 +373,8 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
     c_grads.shard_phase = int(shard_phase)
     c_grads.inverse_fp32 = int(bool(inverse_fp32))
     if cp_cache is not None:
-        c_grads.cp_states = _tensor(cp_cache[0])
-        c_grads.cp_segment_chunks = int(cp_cache[1])
+        c_grads.cp_states, c_grads.cp_transitions = _tensor(cp_cache.states), _tensor(cp_cache.transitions)
+        c_grads.cp_segment_chunks = int(cp_cache.segment_chunks)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_backward, ctypes.byref(c_in), ctypes.byref(c_grads))
         return None

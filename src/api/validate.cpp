@@ -359,19 +359,37 @@ Status check_shard_states(const char* name, const TensorRef& ref, int64_t rows, 
   return check_fp32_blocks(Arg{name, &ref, 4, {rows, s.num_v_heads, s.head_dim_k, s.head_dim_k}}, target);
 }
 
-// The CP cache (ForwardProblem::cp_states, BackwardProblem::cp_states): fp32, contiguous
-// [segments, Hv, K, V] with segments = its own first extent (the runtime checks it against the cut,
-// which the planner gives); only for the GPU kernels and without shard phases.
-Status check_cp_states(const TensorRef& ref, ShardPhase phase, const Shape& s, Target target, Arg& arg) {
-  arg = Arg{"cp_states", &ref, 4, {ref.present() && ref.rank == 4 ? ref.sizes[0] : 0, s.num_v_heads, s.head_dim_k,
-                                   s.head_dim_v}};
-  if (!ref.present()) return {};
-  if (target == Target::kHost) return unsupported("cp_states: the float64 reference runs no intra-card CP");
-  if (phase != ShardPhase::kNone) return unsupported("cp_states: not with shard phases (they keep their own segment states)");
+// One tensor of the CP cache: fp32, contiguous [segments, Hv, K, cols] with segments = its own first
+// extent (the runtime checks it against the cut, which the planner gives).
+Status check_cp_block(const char* name, const TensorRef& ref, int64_t cols, const Shape& s, Target target, Arg& arg) {
+  arg = Arg{name, &ref, 4, {ref.present() && ref.rank == 4 ? ref.sizes[0] : 0, s.num_v_heads, s.head_dim_k, cols}};
   if (ref.rank != 4 || ref.sizes[0] < 1)
-    return invalid(cat("cp_states: expected [segments >= 1, ", s.num_v_heads, ", ", s.head_dim_k, ", ", s.head_dim_v,
+    return invalid(cat(name, ": expected [segments >= 1, ", s.num_v_heads, ", ", s.head_dim_k, ", ", cols,
                        "] (forward_cp_cache_shape), got rank ", ref.rank));
   return check_fp32_blocks(arg, target);
+}
+
+// The CP cache (cp_states [segments, Hv, K, V] and cp_transitions [segments, Hv, K, K] of the
+// forward, given to the backward): both or neither, one row count; only for the GPU kernels and
+// without shard phases.
+Status check_cp_cache(const TensorRef& states, const TensorRef& transitions, ShardPhase phase, const Shape& s,
+                      Target target, Arg& states_arg, Arg& transitions_arg) {
+  states_arg = Arg{"cp_states", &states, 4, {0, s.num_v_heads, s.head_dim_k, s.head_dim_v}};
+  transitions_arg = Arg{"cp_transitions", &transitions, 4, {0, s.num_v_heads, s.head_dim_k, s.head_dim_k}};
+  if (!states.present() && !transitions.present()) return {};
+  if (target == Target::kHost) return unsupported("cp_states: the float64 reference runs no intra-card CP");
+  if (phase != ShardPhase::kNone) return unsupported("cp_states: not with shard phases (they keep their own segment states)");
+  if (states.present() != transitions.present())
+    return invalid("cp_states: the CP cache is cp_states and cp_transitions together; give both or neither");
+  if (s.head_dim_k != s.head_dim_v)
+    return unsupported(cat("cp_transitions: [K, K] transitions beside [K, V] states need K == V; got K=", s.head_dim_k,
+                           ", V=", s.head_dim_v));
+  if (auto st = check_cp_block("cp_states", states, s.head_dim_v, s, target, states_arg); !st.ok()) return st;
+  if (auto st = check_cp_block("cp_transitions", transitions, s.head_dim_k, s, target, transitions_arg); !st.ok())
+    return st;
+  if (states.sizes[0] != transitions.sizes[0])
+    return invalid(cat("cp_transitions: ", transitions.sizes[0], " segments, cp_states has ", states.sizes[0]));
+  return {};
 }
 
 Status check_shard_phase(ShardPhase phase) {
@@ -449,12 +467,15 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   } else if (final_state.ref->present() && !is_float(final_state.ref->dtype)) {
     return invalid("final_state: dtype must be a floating type");
   }
-  Arg cp_states{};
-  if (auto s = check_cp_states(p.cp_states, p.shard_phase, p.in.shape, target, cp_states); !s.ok()) return s;
+  Arg cp_states{}, cp_transitions{};
+  if (auto s = check_cp_cache(p.cp_states, p.cp_transitions, p.shard_phase, p.in.shape, target, cp_states,
+                              cp_transitions);
+      !s.ok())
+    return s;
   const Arg initial_indices{"initial_state_indices", &p.in.initial_state_indices, 1, {N, 1, 1, 1}};
   const Arg final_indices{"final_state_indices", &p.final_state_indices, 1, {N, 1, 1, 1}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, initial_indices, final_indices},
-                        {o, final_state, checkpoints, token_states, cp_states},
+                        {o, final_state, checkpoints, token_states, cp_states, cp_transitions},
                         {a.initial_state.name, final_state.name});
 }
 
@@ -482,10 +503,13 @@ Status validate_backward(const BackwardProblem& p, Target target) {
   const InputArgs a = input_args(p.in);
   if (auto s = check_inputs(p.in, a, target); !s.ok()) return s;
   if (auto s = check_shard_phase(p.shard_phase); !s.ok()) return s;
-  Arg cp_states{};
-  if (auto s = check_cp_states(p.cp_states, p.shard_phase, p.in.shape, target, cp_states); !s.ok()) return s;
+  Arg cp_states{}, cp_transitions{};
+  if (auto s = check_cp_cache(p.cp_states, p.cp_transitions, p.shard_phase, p.in.shape, target, cp_states,
+                              cp_transitions);
+      !s.ok())
+    return s;
   if (p.cp_states.present() != (p.cp_segment_chunks != 0) || p.cp_segment_chunks < 0)
-    return invalid(cat("cp_states: give both the forward's cp_states and its cut cp_segment_chunks >= 1 "
+    return invalid(cat("cp_states: give both the forward's CP cache and its cut cp_segment_chunks >= 1 "
                        "(forward_cp_cache_shape), or neither; got cp_segment_chunks ", p.cp_segment_chunks));
   if (p.shard_phase == ShardPhase::kMaps) return check_shard_grad(p, a, target);
   if (p.shard_grad.present()) return invalid("shard_grad: an output of shard_phase 1 (maps) only");
@@ -523,8 +547,9 @@ Status validate_backward(const BackwardProblem& p, Target target) {
       if (arg->ref->present() && !is_float(arg->ref->dtype))
         return invalid(cat(arg->name, ": dtype must be a floating type"));
   }
+  // cp_transitions is an output too: the backward adds the transitions the forward did not form
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state, cp_states},
-                        {dq, dk, dv, dg, dbeta, dh0});
+                        {dq, dk, dv, dg, dbeta, dh0, cp_transitions});
 }
 
 }  // namespace flashgdn::detail

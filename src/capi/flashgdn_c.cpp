@@ -62,6 +62,7 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.shard_phase = static_cast<ShardPhase>(out->shard_phase);
   p.shard_maps = to_ref(out->shard_maps);
   p.cp_states = to_ref(out->cp_states);
+  p.cp_transitions = to_ref(out->cp_transitions);
   return p;
 }
 
@@ -80,6 +81,7 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.shard_grad = to_ref(g->shard_grad);
   p.inverse_fp32 = g->inverse_fp32 != 0;
   p.cp_states = to_ref(g->cp_states);
+  p.cp_transitions = to_ref(g->cp_transitions);
   p.cp_segment_chunks = g->cp_segment_chunks;
   return p;
 }

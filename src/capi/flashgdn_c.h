@@ -47,6 +47,7 @@ typedef struct {
   int32_t shard_phase;                 /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_maps;          /* phase 1 output: fp32 [2 N, Hv, K, K], E then M */
   flashgdn_tensor cp_states;           /* optional CP cache for the backward: fp32 [segments, Hv, K, V] */
+  flashgdn_tensor cp_transitions;      /* ... and fp32 [segments, Hv, K, K] (both or neither) */
 } flashgdn_forward_outputs;
 
 typedef struct {
@@ -54,7 +55,8 @@ typedef struct {
   int32_t shard_phase;        /* flashgdn::ShardPhase: 0 none, 1 maps, 2 finish */
   flashgdn_tensor shard_grad; /* phase 1 output: fp32 [N, Hv, K, V] */
   int32_t inverse_fp32;       /* 1: the chunk inverse merged in split bf16 (BackwardProblem::inverse_fp32) */
-  flashgdn_tensor cp_states;  /* optional: the forward's CP cache (its cp_states) ... */
+  flashgdn_tensor cp_states;  /* optional: the forward's CP cache (its cp_states, cp_transitions) ... */
+  flashgdn_tensor cp_transitions;
   int64_t cp_segment_chunks;  /* ... and its cut (flashgdn_forward_cp_cache_shape); 0 without */
 } flashgdn_backward_tensors;
 

@@ -11,8 +11,8 @@
 //                      the state update's operand as hi + lo); S^T entering every chunk into
 //                      chunk_states, in the input dtype (with CP: leading windows, then
 //                      the CP forward passes; the segment table comes with chunk_offsets; with the
-//                      forward's CP cache, cp_states, only the transitions the reverse correction
-//                      needs and the pass from the given segment states)
+//                      forward's CP cache, its windows, the transitions the reverse correction
+//                      needs that the cache lacks, and the pass from the given segment states)
 //   [backward_ds_pass, cp_grad_correction]   with CP: dS*_j of every segment j >= 1 over its
 //                      leading decay window, then dS_j = dS*_j (+ M_j^T dS_{j+1}) serially
 //   backward_ds_pass   main mode, per (sequence or segment, v-head), chunks last to first: dS^T
@@ -188,8 +188,9 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
     p.grad_window_chunks = reinterpret_cast<int32_t*>(ws + layout.grad_window_chunks);
     p.shard = phase != ShardPhase::kNone;
     p.transition_for_last = problem.d_final_state.present();
-    if (problem.cp_states.present()) {  // the forward's segment states (the CP cache)
+    if (problem.cp_states.present()) {  // the forward's segment states and transitions (the CP cache)
       p.segment_starts = static_cast<float*>(problem.cp_states.data);
+      p.segment_transitions = static_cast<float*>(problem.cp_transitions.data);
       p.segment_starts_given = true;
     }
     if (phase != ShardPhase::kFinish) {

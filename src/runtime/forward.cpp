@@ -181,7 +181,14 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
     return p.wgmma || specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
   if (p.cp_pass != kern::kNoCp && stages == CpStages::kGivenStarts) {
-    // the state pass's z = 1 CTAs only (work_item: no S*_j with segment_starts_given)
+    // the forward's windows say which M_j the cache holds; then the state pass's z = 1 CTAs for the
+    // others the reverse correction needs (work_item: no S*_j with segment_starts_given)
+    const bool bf16 = elem == kern::ElemKind::kBF16;
+    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
+                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.window_chunks, false, stream),
+                             "cp_windows");
+        !s.ok())
+      return s;
     p.cp_pass = kern::kCpStatePass;
     p.chunk_states = nullptr;
     p.v_split = split(2 * p.max_segments);
@@ -291,7 +298,7 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
       return {StatusCode::kInvalidArgument,
               "cp_states: this call runs no intra-card CP (forward_cp_cache_shape gives segment_chunks 0); leave it "
               "absent"};
-    if (problem.cp_states.sizes[0] != layout.cp.max_segments)
+    if (problem.cp_states.sizes[0] != layout.cp.max_segments)  // cp_transitions' rows equal (validated)
       return {StatusCode::kInvalidArgument, "cp_states: " + std::to_string(problem.cp_states.sizes[0]) +
                                                 " segments given, the cut has " +
                                                 std::to_string(layout.cp.max_segments) + " (forward_cp_cache_shape)"};
@@ -354,8 +361,13 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   }
   if (layout.cp.enabled) {
     bind_cp(p, problem.in, layout.cp, layout.cp_regions, ws);
-    // the CP cache: the correction writes the segment states there, the main pass reads them
-    if (problem.cp_states.present()) p.segment_starts = static_cast<float*>(problem.cp_states.data);
+    // the CP cache: the state pass writes the transitions there (the last segments' too), the
+    // correction the segment states, which the main pass reads
+    if (problem.cp_states.present()) {
+      p.segment_starts = static_cast<float*>(problem.cp_states.data);
+      p.segment_transitions = static_cast<float*>(problem.cp_transitions.data);
+      p.cache_transitions = true;
+    }
   }
   p.shard = phase != ShardPhase::kNone;
   p.shard_maps = static_cast<float*>(problem.shard_maps.data);

@@ -445,8 +445,11 @@ TEST(Validate, ShardPhases) {
 
 TEST(Validate, CpCache) {
   Fixture f;
-  const TensorRef cache = tensor(f.arena, DType::kF32, {3, kHv, kD, kD});
-  f.fwd.cp_states = cache;  // rows are the runtime's to check against the cut
+  const TensorRef states = tensor(f.arena, DType::kF32, {3, kHv, kD, kD});
+  const TensorRef transitions = tensor(f.arena, DType::kF32, {3, kHv, kD, kD});
+  f.fwd.cp_states = states;  // rows are the runtime's to check against the cut
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");  // without transitions
+  f.fwd.cp_transitions = transitions;
   EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
   f.fwd.cp_states.dtype = DType::kBF16;
   expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
@@ -454,31 +457,46 @@ TEST(Validate, CpCache) {
   expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
   f.fwd.cp_states = tensor(f.arena, DType::kF32, {3, kHv, kD});
   expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
-  f.fwd.cp_states = cache;
-  std::swap(f.fwd.cp_states.strides[2], f.fwd.cp_states.strides[3]);  // transposed
-  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
+  f.fwd.cp_states = states;
+  f.fwd.cp_transitions = tensor(f.arena, DType::kF32, {2, kHv, kD, kD});  // another row count
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_transitions");
+  f.fwd.cp_transitions = transitions;
+  std::swap(f.fwd.cp_transitions.strides[2], f.fwd.cp_transitions.strides[3]);  // transposed
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_transitions");
+  f.fwd.cp_transitions = transitions;
   f.fwd.cp_states = tensor(f.arena, DType::kF32, {1, kHv, kD, kD});
+  f.fwd.cp_transitions = tensor(f.arena, DType::kF32, {1, kHv, kD, kD});
   f.fwd.cp_states.data = f.fwd.in.initial_state.data;  // within an input
   expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "cp_states");
-  f.fwd.cp_states = cache;
+  f.fwd.cp_states = states;
+  f.fwd.cp_transitions = transitions;
   expect_error(detail::validate_forward(f.fwd, detail::Target::kHost), StatusCode::kNotSupported, "cp_states");
   f.fwd.shard_phase = ShardPhase::kFinish;
   expect_error(validate_forward(f.fwd), StatusCode::kNotSupported, "cp_states");
 
   BackwardProblem& b = f.bwd;
-  b.cp_states = cache;  // without its cut
+  b.cp_states = states;  // without its cut
+  b.cp_transitions = transitions;
   expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
   b.cp_segment_chunks = 4;
   EXPECT_TRUE(validate_backward(b).ok()) << validate_backward(b).message();
-  b.cp_states = {};  // a cut without states
+  b.cp_transitions = {};
   expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
-  b.cp_states = cache;
+  b.cp_transitions = transitions;
+  b.cp_states = {};  // a cut without the cache
+  b.cp_transitions = {};
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
+  b.cp_states = states;
+  b.cp_transitions = transitions;
   b.cp_segment_chunks = -4;
   expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_states");
   b.cp_segment_chunks = 4;
-  b.cp_states.data = b.dq.data;  // an input over an output
-  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "dq");
-  b.cp_states = cache;
+  b.cp_states = tensor(f.arena, DType::kF32, {1, kHv, kD, kD});
+  b.cp_transitions = tensor(f.arena, DType::kF32, {1, kHv, kD, kD});
+  b.cp_transitions.data = b.in.initial_state.data;  // the backward writes transitions: an output within an input
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "cp_transitions");
+  b.cp_states = states;
+  b.cp_transitions = transitions;
   b.shard_phase = ShardPhase::kFinish;
   expect_error(validate_backward(b), StatusCode::kNotSupported, "cp_states");
   b.shard_phase = ShardPhase::kNone;

@@ -482,27 +482,28 @@ def test_correction_slice_width_override_reaches_the_launch(seed, monkeypatch):
     check(x, o, final)
 
 
-# ---- the forward's CP cache, reused by the backward (BackwardProblem::cp_states) ----
+# ---- the forward's CP cache, reused by the backward (BackwardProblem::cp_states, cp_transitions) ----
 
 from conftest import kernels_launched  # noqa: E402
-from flashgdn.ops import new_cp_cache  # noqa: E402
+from flashgdn.ops import CpCache, new_cp_cache  # noqa: E402
 
 
 def forward_with_cache(x, mode, segment_chunks=0, cu_seqlens=None, cu_seqlens_cpu=None, threshold=-10.0):
     """The forward with its CP cache (NaN-filled first, so that a segment state it does not write
     shows; without the host lengths the rows are a bound, the unused ones stay NaN); returns
-    (o, (cp_states, cp_segment_chunks))."""
+    (o, the CpCache)."""
     q, v = x["q"], x["v"]
     args = (q, x["k"], v, x["g"], x["beta"], x["initial_state"], cu_seqlens, q.shape[-1] ** -0.5)
     options = dict(cu_seqlens_cpu=cu_seqlens_cpu, context_parallel=mode, cp_segment_chunks=segment_chunks,
                    cp_decay_threshold=threshold)
     cache = new_cp_cache(*args, **options)
     assert cache is not None, "this forward runs CP: it must have a cache"
-    cache[0].fill_(float("nan"))
+    cache.states.fill_(float("nan"))
+    cache.transitions.fill_(float("nan"))
     o = torch.full_like(v, float("nan"))
-    forward_into(o, None, *args, cp_states=cache[0], **options)
+    forward_into(o, None, *args, cp_cache=cache, **options)
     if cu_seqlens is None or cu_seqlens_cpu is not None:
-        assert torch.isfinite(cache[0]).all(), "cp_states has segment states the forward did not write"
+        assert torch.isfinite(cache.states).all(), "cp_states has segment states the forward did not write"
     return o, cache
 
 
@@ -518,23 +519,29 @@ def backward_with_cache(x, do, dht, cache, cu_seqlens=None, cu_seqlens_cpu=None,
 @pytest.mark.parametrize("with_dht", [True, False])
 @pytest.mark.parametrize("with_h0", [True, False])
 def test_backward_with_forward_cp_cache(seed, regime, with_dht, with_h0):
-    """The backward given the forward's segment states (17 segments of 4 chunks): the gradients
-    against the oracle and within the oracle tolerances of the backward that rebuilds them with the
-    same cut (the forward's states come from its bf16 inverse, the rebuilt ones from the backward's
-    fp32 one: close, not equal); the forward's o unchanged by keeping the cache; and the cache is
-    read (NaN states give non-finite gradients)."""
+    """The backward given the forward's segment states and transitions (17 segments of 4 chunks):
+    the gradients against the oracle and within the oracle tolerances of the backward that rebuilds
+    them with the same cut (with dht the rebuild's state update is hi + lo, the forward's plain:
+    close, not equal); the forward's o unchanged by keeping the cache; and both tensors are read:
+    NaN states give non-finite gradients, NaN transitions too where heads have no window (g == 0)
+    and nothing where every head has one (strong decay)."""
     x = make_inputs(1, 4133, 2, 4, regime=regime, initial_state=with_h0)
     do, dht = upstream(x, with_dht)
     o, cache = forward_with_cache(x, ON, segment_chunks=4)
-    assert cache[1] == 4 and cache[0].shape == (17, 4, 128, 128)
+    assert cache.segment_chunks == 4 and cache.states.shape == (17, 4, 128, 128)
+    assert cache.transitions.shape == (17, 4, 128, 128)
     assert torch.equal(o, run(x, ON, segment_chunks=4)[0]), "keeping the cache changed the forward's o"
 
     grads = backward_with_cache(x, do, dht, cache)
     check_grads(x, grads, do, dht)
     assert_close_to_no_cp(grads, run_backward(x, do, dht, ON, segment_chunks=4))
-    unwritten = (torch.full_like(cache[0], float("nan")), cache[1])
-    bad = backward_with_cache(x, do, dht, unwritten)
+    bad = backward_with_cache(x, do, dht, cache._replace(states=torch.full_like(cache.states, float("nan"))))
     assert not torch.isfinite(bad["dk"]).all(), "the backward did not read the given segment states"
+    bad = backward_with_cache(x, do, dht, cache._replace(transitions=torch.full_like(cache.transitions, float("nan"))))
+    if regime in ("zero", "mixed"):
+        assert not torch.isfinite(bad["dk"]).all(), "the backward did not read the given transitions"
+    elif regime == "strong":
+        assert all(torch.equal(bad[n], grads[n]) for n in GRADS if grads[n] is not None), "windows need no M"
 
 
 @pytest.mark.parametrize("host_copy", [False, True])
@@ -557,8 +564,7 @@ def test_backward_with_forward_cp_cache_varlen(seed, host_copy):
 
 def test_backward_with_forward_cp_cache_auto_plan_and_launches(seed):
     """The planner's own cut (one long sequence, few heads): the forward's cache has it, and the
-    backward given it launches no forward correction and one cp_windows (the backward's leading
-    windows), where the backward without it launches both windows and the correction."""
+    backward given it launches no forward correction, where the backward without it does."""
     x = make_inputs(1, 16384, 1, 2, regime="mixed")
     do, dht = upstream(x)
     _, cache = forward_with_cache(x, AUTO)
@@ -566,35 +572,41 @@ def test_backward_with_forward_cp_cache_auto_plan_and_launches(seed):
     check_grads(x, grads, do, dht)
     assert_close_to_no_cp(grads, run_backward(x, do, dht, OFF))
     with_cache = kernels_launched(lambda: backward_with_cache(x, do, dht, cache))
-    rebuilt = kernels_launched(lambda: run_backward(x, do, dht, ON, segment_chunks=cache[1]))
+    rebuilt = kernels_launched(lambda: run_backward(x, do, dht, ON, segment_chunks=cache.segment_chunks))
     assert not any("cp_correction_kernel" in name for name in with_cache), sorted(with_cache)
     assert any("cp_correction_kernel" in name for name in rebuilt), sorted(rebuilt)
 
 
 def test_cp_cache_bad_arguments(seed):
-    """Clear errors: a cache for a forward without CP, a cache of the wrong size, a cut without states
-    or states without a cut, the wrong dtype, and a cache given to a shard phase."""
+    """Clear errors: a cache for a forward without CP, a cache of the wrong size, one tensor without
+    the other, a cut without the cache, the wrong dtype, and a cache given to a shard phase."""
     x = make_inputs(1, 2000, 2, 4, regime="weak")
     q, v = x["q"], x["v"]
     args = (q, x["k"], v, x["g"], x["beta"], x["initial_state"], None, q.shape[-1] ** -0.5)
     assert new_cp_cache(*args, context_parallel=OFF) is None
     o = torch.empty_like(v)
+    one = torch.empty(1, 4, 128, 128, device="cuda")
     with pytest.raises(flashgdn.InvalidArgumentError, match="cp_states: this call runs no intra-card CP"):
-        forward_into(o, None, *args, context_parallel=OFF, cp_states=torch.empty(1, 4, 128, 128, device="cuda"))
-    states, cut = new_cp_cache(*args, context_parallel=ON, cp_segment_chunks=4)
-    assert states.shape == (8, 4, 128, 128) and cut == 4
+        forward_into(o, None, *args, context_parallel=OFF, cp_cache=CpCache(one, one.clone(), 4))
+    cache = new_cp_cache(*args, context_parallel=ON, cp_segment_chunks=4)
+    assert cache.states.shape == (8, 4, 128, 128) and cache.segment_chunks == 4
+    forced = dict(context_parallel=ON, cp_segment_chunks=4)
     with pytest.raises(flashgdn.InvalidArgumentError, match="cp_states: 7 segments given"):
-        forward_into(o, None, *args, context_parallel=ON, cp_segment_chunks=4, cp_states=states[:7])
+        forward_into(o, None, *args, **forced, cp_cache=CpCache(cache.states[:7], cache.transitions[:7], 4))
+    with pytest.raises(flashgdn.InvalidArgumentError, match="cp_transitions: 7 segments, cp_states has 8"):
+        forward_into(o, None, *args, **forced, cp_cache=cache._replace(transitions=cache.transitions[:7]))
     with pytest.raises(flashgdn.InvalidArgumentError, match="cp_states: dtype must be float32"):
-        forward_into(o, None, *args, context_parallel=ON, cp_segment_chunks=4, cp_states=states.bfloat16())
-    forward_into(o, None, *args, context_parallel=ON, cp_segment_chunks=4, cp_states=states)
+        forward_into(o, None, *args, **forced, cp_cache=cache._replace(states=cache.states.bfloat16()))
+    with pytest.raises(flashgdn.InvalidArgumentError, match="cp_states: the CP cache is cp_states and cp_transitions"):
+        forward_into(o, None, *args, **forced, cp_cache=cache._replace(transitions=None))
+    forward_into(o, None, *args, **forced, cp_cache=cache)
     do, dht = upstream(x)
     grads = poisoned_grads(x)
     outs = [grads[n] for n in GRADS]
     with pytest.raises(flashgdn.InvalidArgumentError, match="cp_states: give both"):
-        backward_into(*outs, *args[:5], do, dht, *args[5:], cp_cache=(states, 0))
+        backward_into(*outs, *args[:5], do, dht, *args[5:], cp_cache=cache._replace(segment_chunks=0))
     with pytest.raises(flashgdn.InvalidArgumentError, match="segments given, a cut of cp_segment_chunks 3"):
-        backward_into(*outs, *args[:5], do, dht, *args[5:], cp_cache=(states, 3))
+        backward_into(*outs, *args[:5], do, dht, *args[5:], cp_cache=cache._replace(segment_chunks=3))
     with pytest.raises(flashgdn.NotSupportedError, match="cp_states: not with shard phases"):
         backward_into(None, None, None, None, None, None, *args[:5], do, None, None, None, args[7], shard_phase=1,
-                      shard_grad=torch.empty(1, 4, 128, 128, device="cuda"), cp_cache=(states, cut))
+                      shard_grad=torch.empty(1, 4, 128, 128, device="cuda"), cp_cache=cache)

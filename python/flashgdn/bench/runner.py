@@ -126,7 +126,7 @@ def forward_cp_cache(x, cu, cu_cpu, scale):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, scale)
     cache = ops.new_cp_cache(*args, cu_seqlens_cpu=cu_cpu)
     if cache is not None:
-        ops.forward_into(torch.empty_like(x["v"]), None, *args, cu_seqlens_cpu=cu_cpu, cp_states=cache[0])
+        ops.forward_into(torch.empty_like(x["v"]), None, *args, cu_seqlens_cpu=cu_cpu, cp_cache=cache)
     return cache
 
 
@@ -162,7 +162,7 @@ def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list
     ours_fns = {
         "bwd": lambda: flashgdn.chunk_gated_delta_rule_bwd(
             x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht, x["initial_state"], cu, scale, False, False, cu_cpu,
-            cp_states=None if cache is None else cache[0], cp_states_segment_chunks=0 if cache is None else cache[1]),
+            **ops.CpCache.backward_kwargs(cache)),
         "fwdbwd": lambda: torch.autograd.grad(
             flashgdn.chunk_gated_delta_rule(**leaves, scale=scale, output_final_state=True, cu_seqlens=cu,
                                             cu_seqlens_cpu=cu_cpu),

@@ -105,8 +105,12 @@ struct ForwardParams {
   float* segment_ends = nullptr;         // [segment][hv][128][128]: S*_j, state at the segment's end
   float* segment_transitions = nullptr;  // [segment][hv][128][128]: M_j (heads without a window)
   float* segment_starts = nullptr;       // [segment][hv][128][128]: S_j entering the segment (h0 for j = 0)
-  // segment_starts given (the backward with the forward's CP cache): the state pass forms only the
-  // transitions M_j the reverse correction needs (no S*_j, no forward windows read).
+  // The CP cache. The forward's (cache_transitions): its state pass also forms the last segments'
+  // M_j where the window is missing (for the backward's final-state gradient). The backward's
+  // (segment_starts_given, segment_starts and segment_transitions the forward's): the state pass
+  // forms no S*_j, and only the M_j the reverse correction needs where the forward formed none
+  // (its window, window_chunks, not missing).
+  bool cache_transitions = false;
   bool segment_starts_given = false;
   float decay_threshold = -10.f;         // natural-log units
   // [chunk id][hv]: each chunk's sum of the window terms g_t + log max(1, |1 - beta_t |k_t|^2|), written

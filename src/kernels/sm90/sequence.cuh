@@ -235,7 +235,8 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
 //                      no backward window, j < last or transition_for_last): the whole segment with
 //                      V = 0 from the identity, i.e. the transition M_j -> segment_transitions[x]
 //   (p.shard: z = 0 for every j, from zero; z = 1 for every j without a forward or a backward window;
-//    p.segment_starts_given: no z = 0 items, z = 1 only where the backward's window is missing)
+//    p.segment_starts_given: no z = 0 items, z = 1 only where the backward's window is missing and the
+//    forward's is not; p.cache_transitions: z = 1 for the last segment too where its window is missing)
 //   main pass:         the segment from S_j = segment_starts[x] (h0 or zero for j = 0, copied there
 //                      by the correction, so that final_state may alias initial_state); o; the
 //                      final state of the last segment -> final_state[n]
@@ -262,16 +263,16 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
   item.batch = at.seq.batch;
   item.eos = at.eos;
   if (p.cp_pass == kCpStatePass) {
-    // With the segment states given (the forward's CP cache) no S*_j runs and the forward's windows
-    // (never computed then) are not read: only the reverse correction's M_j.
-    const bool forward_correction = !p.segment_starts_given;
-    if (z == 0 && (!forward_correction || (at.last() && !p.shard))) return item;
-    const int32_t window = forward_correction ? p.window_chunks[x * p.num_v_heads + h] : -1;
-    if (z == 1) {  // M_j where the forward correction or the backward's reverse correction needs it
+    // With the segment states given (the forward's CP cache) no S*_j runs, and of the reverse
+    // correction's M_j only those the forward did not form (where its window was not missing).
+    if (z == 0 && (p.segment_starts_given || (at.last() && !p.shard))) return item;
+    const int32_t window = p.window_chunks[x * p.num_v_heads + h];
+    if (z == 1) {  // M_j where the forward correction, the backward's reverse correction or the cache needs it
       const bool grad_exact = p.grad_window_chunks != nullptr && p.grad_window_chunks[x * p.num_v_heads + h] == 0;
-      const bool needed = p.shard ? window == 0 || grad_exact
-                                  : (window == 0 && !at.last()) ||
-                                        (grad_exact && (!at.last() || p.transition_for_last));
+      const bool grad_needs = grad_exact && (!at.last() || p.transition_for_last);
+      const bool needed = p.shard                  ? window == 0 || grad_exact
+                          : p.segment_starts_given ? grad_needs && window != 0
+                                                   : (window == 0 && (!at.last() || p.cache_transitions)) || grad_needs;
       if ((at.index == 0 && !p.shard) || !needed) return item;
     }
     item.valid = true;
