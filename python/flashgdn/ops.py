@@ -254,6 +254,19 @@ def new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float, use_
     no intra-card CP (or on the CPU)."""
     if q.device.type != "cuda":
         return None
+    segment_chunks, segments = _cp_cache_shape(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                               use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
+                                               context_parallel, cp_segment_chunks, cp_decay_threshold)
+    if segment_chunks == 0:
+        return None
+    states = torch.empty((segments, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32, device=q.device)
+    transitions = torch.empty((segments, v.shape[2], q.shape[3], q.shape[3]), dtype=torch.float32, device=q.device)
+    return CpCache(states, transitions, segment_chunks)
+
+
+def _cp_cache_shape(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+                    cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold) -> tuple[int, int]:
+    """(segment_chunks, segments) of flashgdn::forward_cp_cache_shape: (0, 0) without CP."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -261,12 +274,7 @@ def new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float, use_
     segment_chunks, segments = ctypes.c_int64(0), ctypes.c_int64(0)
     _lib.check(_lib.lib.flashgdn_forward_cp_cache_shape, ctypes.byref(c_in), ctypes.byref(_lib.ForwardOutputs()),
                ctypes.byref(segment_chunks), ctypes.byref(segments))
-    if segment_chunks.value == 0:
-        return None
-    states = torch.empty((segments.value, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32, device=q.device)
-    transitions = torch.empty((segments.value, v.shape[2], q.shape[3], q.shape[3]), dtype=torch.float32,
-                              device=q.device)
-    return CpCache(states, transitions, int(segment_chunks.value))
+    return int(segment_chunks.value), int(segments.value)
 
 
 TIMELINE_SHAPE = (2, 128, 12)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
@@ -398,10 +406,10 @@ _FWD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "scale",
              "cp_segment_chunks", "cp_decay_threshold")
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, cp_cache=()):
     args = dict(zip(_FWD_ARGS, inputs))
     ctx.save_for_backward(args["q"], args["k"], args["v"], args["g"], args["beta"], args["initial_state"],
-                          args["cu_seqlens"], args.get("cu_seqlens_cpu"))
+                          args["cu_seqlens"], args.get("cu_seqlens_cpu"), *cp_cache)
     ctx.scale = args["scale"]
     ctx.use_qk_l2norm_in_kernel = args["use_qk_l2norm_in_kernel"]
     ctx.state_v_first = args["state_v_first"]
@@ -410,8 +418,8 @@ def _setup_context(ctx, inputs, output):
     ctx.inverse_fp32 = bool(args.get("inverse_fp32", False))
 
 
-def _backward(ctx, grad_o, grad_final):
-    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors
+def _backward(ctx, grad_o, grad_final, cp_cache: Optional[CpCache] = None):
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors[:8]
     if grad_o is None:
         grad_o = torch.zeros_like(v)
     dht = grad_final if ctx.output_final_state and grad_final is not None and grad_final.numel() > 0 else None
@@ -422,7 +430,8 @@ def _backward(ctx, grad_o, grad_final):
         dht = dht.float()
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), h0, cu_seqlens, ctx.scale,
-        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp, inverse_fp32=ctx.inverse_fp32)
+        ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp, inverse_fp32=ctx.inverse_fp32,
+        **CpCache.backward_kwargs(cp_cache))
     if initial_state is not None and dh0.dtype != initial_state.dtype:
         dh0 = dh0.to(initial_state.dtype)
     needs = ctx.needs_input_grad
@@ -433,6 +442,57 @@ def _backward(ctx, grad_o, grad_final):
 
 
 torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd", _backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("flashgdn::chunk_gated_delta_rule_fwd_cp_cache", mutates_args=())
+def chunk_gated_delta_rule_fwd_cp_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                        beta: torch.Tensor, initial_state: Optional[torch.Tensor],
+                                        cu_seqlens: Optional[torch.Tensor], scale: float, output_final_state: bool,
+                                        use_qk_l2norm_in_kernel: bool, state_v_first: bool,
+                                        cu_seqlens_cpu: Optional[torch.Tensor] = None, inverse_fp32: bool = False,
+                                        context_parallel: int = 0, cp_segment_chunks: int = 0,
+                                        cp_decay_threshold: float = -10.0
+                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """chunk_gated_delta_rule_fwd for eager autograd: (o, final_state, and the CP cache's states and
+    transitions, empty where the forward runs no CP), which its backward reuses. No fake
+    implementation (the cache's size comes from the host lengths): under torch.compile
+    chunk_gated_delta_rule takes chunk_gated_delta_rule_fwd, whose backward rebuilds the cache."""
+    N, Hv, K, V = _num_seqs(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    final = (torch.empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32, device=q.device)
+             if output_final_state else None)
+    cache = new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+                         cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
+    forward_into(o, final, q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel,
+                 state_v_first, inverse_fp32, cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold,
+                 cp_cache=cache)
+    def empty():  # a fresh one each: a custom op's outputs may not alias each other
+        return q.new_empty(0, dtype=torch.float32)
+    return (o, empty() if final is None else final, empty() if cache is None else cache.states,
+            empty() if cache is None else cache.transitions)
+
+
+def _setup_context_cp_cache(ctx, inputs, output):
+    # the cache's tensors are saved as they are: the backward's kernels add transitions to them through
+    # raw pointers, after they are unpacked, which the saved-tensor version check does not see
+    _setup_context(ctx, inputs, output[:2], cp_cache=output[2:])
+    ctx.mark_non_differentiable(output[2], output[3])
+
+
+def _backward_cp_cache(ctx, grad_o, grad_final, _grad_states, _grad_transitions):
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, states, transitions = ctx.saved_tensors
+    if states.numel() == 0:
+        return _backward(ctx, grad_o, grad_final)
+    segment_chunks, segments = _cp_cache_shape(q, k, v, g, beta, initial_state, cu_seqlens, ctx.scale,
+                                               ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp)
+    if segments != states.shape[0]:
+        raise RuntimeError(f"flashgdn: the forward kept a CP cache of {states.shape[0]} segments, the cut now has "
+                           f"{segments}")
+    return _backward(ctx, grad_o, grad_final, CpCache(states, transitions, segment_chunks))
+
+
+torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd_cp_cache", _backward_cp_cache,
+                                setup_context=_setup_context_cp_cache)
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -462,9 +522,13 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     Keys far longer can overflow fp16 there, and o and the gradients then hold Inf / NaN (never
     finite and wrong); inverse_fp32=True (keyword) runs the split-bf16 inverse in both directions
     instead, for any keys.
+
+    With gradients wanted (eager mode), a forward that runs CP keeps its CP cache (the segment states
+    and transitions, fp32: 128 KiB a segment and v-head) for its backward, as FlashQLA's does;
+    cp_cache=False (keyword) keeps nothing and the backward rebuilds them.
     """
     for key in kwargs:
-        if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32"):
+        if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32", "cp_cache"):
             raise TypeError(f"chunk_gated_delta_rule: unexpected keyword argument '{key}'")
     if kwargs.get("head_first"):
         raise ValueError("head_first: the [B, H, T, D] layout is not supported; pass [B, T, H, D]")
@@ -475,8 +539,13 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
         cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
     context_parallel = 0 if auto_cp is None else (2 if auto_cp else 1)
-    o, final = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
-                                          bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                                          bool(state_v_first), cu_seqlens_cpu, bool(kwargs.get("inverse_fp32", False)),
-                                          context_parallel, int(cp_segment_chunks), float(cp_decay_threshold))
+    args = (q, k, v, g, beta, initial_state, cu_seqlens, float(scale), bool(output_final_state),
+            bool(use_qk_l2norm_in_kernel), bool(state_v_first), cu_seqlens_cpu, bool(kwargs.get("inverse_fp32", False)),
+            context_parallel, int(cp_segment_chunks), float(cp_decay_threshold))
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in (q, k, v, g, beta, initial_state))
+    if wants_grad and q.is_cuda and kwargs.get("cp_cache", True) and not torch.compiler.is_compiling():
+        o, final, _, _ = chunk_gated_delta_rule_fwd_cp_cache(*args)
+    else:
+        o, final = chunk_gated_delta_rule_fwd(*args)
     return o, (final if output_final_state else None)
