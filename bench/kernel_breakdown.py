@@ -11,8 +11,9 @@ from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as t
     LENGTH may list the sequences' lengths '+'-joined (1x1024+7168). KERNEL (rs, inv) pins the fused kernel
     through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
     KERNEL bwd times the backward call instead (chunk_gated_delta_rule_bwd with the host lengths; CP auto,
-    off or a segment length as above, or `cache`: given the CP cache of a forward with the default options
-    where it runs CP, as the benchmark's bwd rows).
+    off or a segment length as above, or `cache`: given what a forward with the default options keeps, its
+    CP cache where it runs CP and its inverse cache where it runs the register-state kernel, as the
+    benchmark's bwd rows). KERNEL keep times that forward (ops.forward_into writing those caches).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def short_name(name: str) -> str:
 KERNELS = {"rs": 4, "inv": 5}
 
 
+def forward_cache_kwargs(x, inp) -> dict:
+    """chunk_gated_delta_rule_bwd's keywords for what a default forward keeps. A/B runs pass this script
+    older packages: those before the inverse cache (session 35) keep only the CP cache (forward_cp_cache)."""
+    import flashgdn.bench.runner as runner
+    args = (x, inp["cu"], inp["cu_cpu"], inp["scale"])
+    if hasattr(runner, "forward_caches"):
+        return runner.backward_kwargs(runner.forward_caches(*args))
+    cache = runner.forward_cp_cache(*args)
+    return ops.CpCache.backward_kwargs(cache) if cache is not None else {}
+
+
 def call_of(spec: str):
     shape, hqk, hv, *pinned = spec.split(":")
     count, length = shape.split("x")
@@ -60,14 +72,18 @@ def call_of(spec: str):
     if pinned and pinned[0] == "bwd":
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp in ("auto", "cache") else (1, 0) if cp == "off" else (2, int(cp))
-        cache = None
-        if cp == "cache":  # imported here: A/B runs pass this script older packages, which lack it
-            from flashgdn.bench.runner import forward_cp_cache
-            cache = forward_cp_cache(x, inp["cu"], inp["cu_cpu"], inp["scale"])
+        cached = {}
+        if cp == "cache":
+            cached = forward_cache_kwargs(x, inp)
         fn = lambda: flashgdn.chunk_gated_delta_rule_bwd(  # noqa: E731
             x["q"], x["k"], x["v"], x["g"], x["beta"], inp["do"], inp["dht"], x["initial_state"], inp["cu"],
-            inp["scale"], False, False, inp["cu_cpu"], mode, segment,
-            **(ops.CpCache.backward_kwargs(cache) if cache is not None else {}))
+            inp["scale"], False, False, inp["cu_cpu"], mode, segment, **cached)
+    elif pinned and pinned[0] == "keep":  # the default forward writing the caches its backward takes
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], inp["cu"], inp["scale"])
+        caches = {"cp_cache": ops.new_cp_cache(*args, cu_seqlens_cpu=inp["cu_cpu"]),
+                  "inverse_cache": ops.new_inverse_cache(*args, cu_seqlens_cpu=inp["cu_cpu"])}
+        o = torch.empty_like(x["v"])
+        fn = lambda: ops.forward_into(o, None, *args, cu_seqlens_cpu=inp["cu_cpu"], **caches)  # noqa: E731
     elif pinned:
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp == "auto" else (1, 0) if cp == "off" else (2, int(cp))

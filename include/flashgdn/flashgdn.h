@@ -39,6 +39,12 @@ struct CpCacheShape {
 };
 Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape);
 
+// The bytes of a forward call's inverse cache (ForwardProblem::inverse_cache, for the backward): 0 where
+// the call runs no chunk inverse the backward can take (the inverse-inside kernel, decode-sized calls,
+// shard phases; then inverse_cache must be absent). Host-only: no device access, no sync. Validates
+// the inputs first (the outputs may be absent).
+Status forward_inverse_cache_bytes(const ForwardProblem& problem, std::size_t* bytes);
+
 // Enqueue the computation on `stream`. Returns kNotBuilt when this build has no kernel for the
 // problem's variant or for the current device, never a silent no-op.
 Status forward(const ForwardProblem& problem, void* workspace, std::size_t workspace_bytes,

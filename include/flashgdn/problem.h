@@ -130,6 +130,15 @@ struct ForwardProblem {
   // pass as the others.
   TensorRef cp_states;
   TensorRef cp_transitions;
+  // Optional output for the backward (the inverse cache): uint8, contiguous [bytes] with bytes =
+  // forward_inverse_cache_bytes, in the library's own layout (pass it to the backward unchanged): what
+  // this call's chunk inverse forms and the backward would form again from the inputs (A_r, which the
+  // gradients differentiate through, as the fp16 merges' exact fp16 rows; Ag; the chunks' gate records
+  // and decay-window terms). Only for a call that runs the chunk inverse in the backward's format
+  // (forward_inverse_cache_bytes > 0: the register-state kernel with the default fp16-merged inverse,
+  // no shard phases); it costs the forward the A_r rows' store (128 B a token and v-head). The
+  // backward's gradients with it equal those without, bit for bit.
+  TensorRef inverse_cache;
 };
 
 struct BackwardProblem {
@@ -166,6 +175,10 @@ struct BackwardProblem {
   TensorRef cp_states;
   TensorRef cp_transitions;
   int64_t cp_segment_chunks = 0;
+  // Optional, the forward's inverse cache (ForwardProblem::inverse_cache written by a forward with the
+  // same inputs and options): the backward then runs no chunk inverse. Read only; not with inverse_fp32
+  // or shard phases.
+  TensorRef inverse_cache;
 };
 
 }  // namespace flashgdn

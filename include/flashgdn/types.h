@@ -14,8 +14,9 @@ typedef struct CUstream_st* cudaStream_t;
 namespace flashgdn {
 
 // Element types. kF64 exists for the host reference (the oracle of every test); the GPU kernels
-// take bf16/fp16 q, k, v; fp32 g; fp32 or bf16 beta; fp32 states.
-enum class DType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2, kF64 = 3, kI32 = 4, kI64 = 5 };
+// take bf16/fp16 q, k, v; fp32 g; fp32 or bf16 beta; fp32 states. kU8: raw bytes in the library's own
+// layout (the forward's inverse cache).
+enum class DType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2, kF64 = 3, kI32 = 4, kI64 = 5, kU8 = 6 };
 
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);

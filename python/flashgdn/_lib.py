@@ -7,7 +7,7 @@ import os
 import pathlib
 
 # flashgdn::DType
-BF16, F16, F32, F64, I32, I64 = range(6)
+BF16, F16, F32, F64, I32, I64, U8 = range(7)
 # flashgdn::StatusCode
 STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "not supported", 3: "not built",
                 4: "CUDA error", 5: "workspace too small"}
@@ -35,14 +35,15 @@ class Inputs(ctypes.Structure):
 class ForwardOutputs(ctypes.Structure):
     _fields_ = [("o", Tensor), ("final_state", Tensor), ("final_state_indices", Tensor), ("checkpoints", Tensor),
                 ("checkpoint_chunks", ctypes.c_int64), ("token_states", Tensor), ("shard_phase", ctypes.c_int32),
-                ("shard_maps", Tensor), ("cp_states", Tensor), ("cp_transitions", Tensor)]
+                ("shard_maps", Tensor), ("cp_states", Tensor), ("cp_transitions", Tensor), ("inverse_cache", Tensor)]
 
 
 class BackwardTensors(ctypes.Structure):
     _fields_ = [(name, Tensor) for name in
                 ("d_o", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")] + [
         ("shard_phase", ctypes.c_int32), ("shard_grad", Tensor), ("inverse_fp32", ctypes.c_int32),
-        ("cp_states", Tensor), ("cp_transitions", Tensor), ("cp_segment_chunks", ctypes.c_int64)]
+        ("cp_states", Tensor), ("cp_transitions", Tensor), ("cp_segment_chunks", ctypes.c_int64),
+        ("inverse_cache", Tensor)]
 
 
 class FlashGDNError(RuntimeError):
@@ -90,6 +91,7 @@ def _load():
                                                     P(ctypes.c_size_t)] + msg
     lib.flashgdn_forward_cp_cache_shape.argtypes = [P(Inputs), P(ForwardOutputs), P(ctypes.c_int64),
                                                     P(ctypes.c_int64)] + msg
+    lib.flashgdn_forward_inverse_cache_bytes.argtypes = [P(Inputs), P(ForwardOutputs), P(ctypes.c_size_t)] + msg
     lib.flashgdn_forward.argtypes = [P(Inputs), P(ForwardOutputs), ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_size_t, ctypes.c_void_p] + msg
     lib.flashgdn_backward_workspace_size.argtypes = [P(Inputs), P(BackwardTensors), P(ctypes.c_size_t)] + msg
@@ -98,7 +100,8 @@ def _load():
     lib.flashgdn_reference_forward.argtypes = [P(Inputs), P(ForwardOutputs)] + msg
     lib.flashgdn_set_timeline.argtypes = [ctypes.c_void_p] + msg
     lib.flashgdn_reference_backward.argtypes = [P(Inputs), P(BackwardTensors)] + msg
-    for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward_cp_cache_shape, lib.flashgdn_forward,
+    for fn in (lib.flashgdn_forward_workspace_size, lib.flashgdn_forward_cp_cache_shape,
+               lib.flashgdn_forward_inverse_cache_bytes, lib.flashgdn_forward,
                lib.flashgdn_backward_workspace_size,
                lib.flashgdn_backward,
                lib.flashgdn_reference_forward, lib.flashgdn_reference_backward, lib.flashgdn_set_timeline):

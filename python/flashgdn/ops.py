@@ -13,7 +13,7 @@ import torch
 from . import _lib
 
 _DTYPE_CODES = {torch.bfloat16: _lib.BF16, torch.float16: _lib.F16, torch.float32: _lib.F32,
-                torch.float64: _lib.F64, torch.int32: _lib.I32, torch.int64: _lib.I64}
+                torch.float64: _lib.F64, torch.int32: _lib.I32, torch.int64: _lib.I64, torch.uint8: _lib.U8}
 
 
 def _tensor(t: Optional[torch.Tensor]) -> _lib.Tensor:
@@ -154,7 +154,8 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
                  checkpoint_chunks: int = 0, token_states: Optional[torch.Tensor] = None, kernel: int = 0,
                  shard_phase: int = 0, shard_maps: Optional[torch.Tensor] = None,
                  workspace: Optional[torch.Tensor] = None,
-                 cp_cache: Optional["CpCache"] = None) -> Optional[torch.Tensor]:
+                 cp_cache: Optional["CpCache"] = None,
+                 inverse_cache: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Forward into caller-given outputs (any strides the C++ validation accepts); final_state may
     be None or the initial_state tensor itself (in-place update). cu_seqlens_cpu: optional host copy
     of cu_seqlens, used to validate the offsets without a device sync (and to plan intra-card
@@ -191,7 +192,11 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
 
     cp_cache (for the backward): where the call runs intra-card CP, new_cp_cache(...) of the same
     arguments, whose tensors receive the state entering every segment and the segments' transitions;
-    hand it to backward_into(cp_cache=) or its fields to chunk_gated_delta_rule_bwd."""
+    hand it to backward_into(cp_cache=) or its fields to chunk_gated_delta_rule_bwd.
+
+    inverse_cache (for the backward): where the call runs the chunk inverse in the backward's format,
+    new_inverse_cache(...) of the same arguments, which receives A_r, Ag and the chunks' gate records;
+    hand it to backward_into(inverse_cache=) or chunk_gated_delta_rule_bwd(inverse_cache=)."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -208,6 +213,7 @@ def forward_into(o: torch.Tensor, final_state: Optional[torch.Tensor], q, k, v, 
     c_out.shard_maps = _tensor(shard_maps)
     if cp_cache is not None:
         c_out.cp_states, c_out.cp_transitions = _tensor(cp_cache.states), _tensor(cp_cache.transitions)
+    c_out.inverse_cache = _tensor(inverse_cache)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_forward, ctypes.byref(c_in), ctypes.byref(c_out))
         return None
@@ -277,6 +283,29 @@ def _cp_cache_shape(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l
     return int(segment_chunks.value), int(segments.value)
 
 
+def new_inverse_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float, use_qk_l2norm_in_kernel: bool = False,
+                      state_v_first: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                      context_parallel: int = 0, cp_segment_chunks: int = 0,
+                      cp_decay_threshold: float = -10.0) -> Optional[torch.Tensor]:
+    """The inverse cache of a forward with these arguments and the default kernel and inverse
+    (flashgdn::forward_inverse_cache_bytes: host-only, no device sync), uninitialised uint8, for
+    forward_into(inverse_cache=); None where that forward runs no chunk inverse the backward can take
+    (the inverse-inside kernel, decode-sized calls) or on the CPU. It holds A_r and Ag (256 B a token and
+    v-head) and the chunks' gate records."""
+    if q.device.type != "cuda":
+        return None
+    if cu_seqlens_cpu is not None:
+        cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
+    c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
+    nbytes = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.flashgdn_forward_inverse_cache_bytes, ctypes.byref(c_in), ctypes.byref(_lib.ForwardOutputs()),
+               ctypes.byref(nbytes))
+    if nbytes.value == 0:
+        return None
+    return torch.empty(nbytes.value, dtype=torch.uint8, device=q.device)
+
+
 TIMELINE_SHAPE = (2, 128, 12)  # roles (aux, state group 0), chunks, events: src/kernels/sm90/timeline.cuh
 
 
@@ -311,8 +340,8 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens_cpu: Optional[torch.Tensor] = None, context_parallel: int = 0,
                                cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0,
                                inverse_fp32: bool = False, cp_states: Optional[torch.Tensor] = None,
-                               cp_transitions: Optional[torch.Tensor] = None, cp_states_segment_chunks: int = 0
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               cp_transitions: Optional[torch.Tensor] = None, cp_states_segment_chunks: int = 0,
+                               inverse_cache: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor]:
     """Low-level backward: (dq, dk, dv, dg, dbeta, dh0) from the forward's inputs, the gradient of o
     (do) and optionally of the final state (dht). dg is w.r.t. the raw gate g (fp32); dbeta has
@@ -322,13 +351,17 @@ def chunk_gated_delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     cp_states, cp_transitions, cp_states_segment_chunks: the forward's CP cache (the fields of
     new_cp_cache's, filled by forward_into with the same inputs and options): the backward then runs
     the forward's cut and skips rebuilding the segment states and transitions (as FlashQLA's backward
-    reuses its forward's CP cache); it may add transitions to cp_transitions."""
+    reuses its forward's CP cache); it may add transitions to cp_transitions. inverse_cache: the
+    forward's (new_inverse_cache's, filled by forward_into with the same inputs and options): the
+    backward then runs no chunk inverse (as FlashQLA's and FLA's backwards take their forward's A); the
+    gradients equal those without it."""
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     dq, dk, dv, dg, dbeta, dh0 = _grad_outputs(q, k, v, g, beta, initial_state)
     backward_into(dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, q, k, v, g, beta, do, dht,
                   initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
                   context_parallel, cp_segment_chunks, cp_decay_threshold, inverse_fp32=inverse_fp32,
-                  cp_cache=None if cp_states is None else CpCache(cp_states, cp_transitions, cp_states_segment_chunks))
+                  cp_cache=None if cp_states is None else CpCache(cp_states, cp_transitions, cp_states_segment_chunks),
+                  inverse_cache=inverse_cache)
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -345,7 +378,7 @@ def _grad_outputs(q, k, v, g, beta, initial_state):
 @chunk_gated_delta_rule_bwd.register_fake
 def _(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
       cu_seqlens_cpu=None, context_parallel=0, cp_segment_chunks=0, cp_decay_threshold=-10.0, inverse_fp32=False,
-      cp_states=None, cp_transitions=None, cp_states_segment_chunks=0):
+      cp_states=None, cp_transitions=None, cp_states_segment_chunks=0, inverse_cache=None):
     return _grad_outputs(q, k, v, g, beta, initial_state)
 
 
@@ -355,7 +388,8 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
                   cp_segment_chunks: int = 0, cp_decay_threshold: float = -10.0, shard_phase: int = 0,
                   shard_grad: Optional[torch.Tensor] = None,
                   workspace: Optional[torch.Tensor] = None, inverse_fp32: bool = False,
-                  cp_cache: Optional[CpCache] = None) -> Optional[torch.Tensor]:
+                  cp_cache: Optional[CpCache] = None,
+                  inverse_cache: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Backward into caller-given gradient tensors (dh0 must be given exactly when initial_state is).
     context_parallel etc. as for forward_into (the backward's own intra-card CP). inverse_fp32: the
     chunk inverse merged in split bf16 (keys past the range) instead of fp16 (beta |k|^2 <= 2; keys
@@ -369,7 +403,8 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
 
     cp_cache: new_cp_cache's, filled by forward_into(cp_cache=) with the same inputs and options: the
     forward's cut, segment states and transitions, reused (transitions the backward needs and the
-    forward did not form are added to it)."""
+    forward did not form are added to it). inverse_cache: new_inverse_cache's, filled by
+    forward_into(inverse_cache=) with the same inputs and options: no chunk inverse runs."""
     if cu_seqlens_cpu is not None:
         cu_seqlens_cpu = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64).contiguous()
     c_in = _inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
@@ -383,6 +418,7 @@ def backward_into(dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, do, dht, initial
     if cp_cache is not None:
         c_grads.cp_states, c_grads.cp_transitions = _tensor(cp_cache.states), _tensor(cp_cache.transitions)
         c_grads.cp_segment_chunks = int(cp_cache.segment_chunks)
+    c_grads.inverse_cache = _tensor(inverse_cache)
     if q.device.type == "cpu":  # the float64 reference, on host memory
         _lib.check(_lib.lib.flashgdn_reference_backward, ctypes.byref(c_in), ctypes.byref(c_grads))
         return None
@@ -406,10 +442,10 @@ _FWD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "scale",
              "cp_segment_chunks", "cp_decay_threshold")
 
 
-def _setup_context(ctx, inputs, output, cp_cache=()):
+def _setup_context(ctx, inputs, output, caches=()):
     args = dict(zip(_FWD_ARGS, inputs))
     ctx.save_for_backward(args["q"], args["k"], args["v"], args["g"], args["beta"], args["initial_state"],
-                          args["cu_seqlens"], args.get("cu_seqlens_cpu"), *cp_cache)
+                          args["cu_seqlens"], args.get("cu_seqlens_cpu"), *caches)
     ctx.scale = args["scale"]
     ctx.use_qk_l2norm_in_kernel = args["use_qk_l2norm_in_kernel"]
     ctx.state_v_first = args["state_v_first"]
@@ -418,7 +454,8 @@ def _setup_context(ctx, inputs, output, cp_cache=()):
     ctx.inverse_fp32 = bool(args.get("inverse_fp32", False))
 
 
-def _backward(ctx, grad_o, grad_final, cp_cache: Optional[CpCache] = None):
+def _backward(ctx, grad_o, grad_final, cp_cache: Optional[CpCache] = None,
+              inverse_cache: Optional[torch.Tensor] = None):
     q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors[:8]
     if grad_o is None:
         grad_o = torch.zeros_like(v)
@@ -431,7 +468,7 @@ def _backward(ctx, grad_o, grad_final, cp_cache: Optional[CpCache] = None):
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, _unit_inner(grad_o), _unit_inner(dht), h0, cu_seqlens, ctx.scale,
         ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp, inverse_fp32=ctx.inverse_fp32,
-        **CpCache.backward_kwargs(cp_cache))
+        inverse_cache=inverse_cache, **CpCache.backward_kwargs(cp_cache))
     if initial_state is not None and dh0.dtype != initial_state.dtype:
         dh0 = dh0.to(initial_state.dtype)
     needs = ctx.needs_input_grad
@@ -444,55 +481,59 @@ def _backward(ctx, grad_o, grad_final, cp_cache: Optional[CpCache] = None):
 torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd", _backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("flashgdn::chunk_gated_delta_rule_fwd_cp_cache", mutates_args=())
-def chunk_gated_delta_rule_fwd_cp_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                                        beta: torch.Tensor, initial_state: Optional[torch.Tensor],
-                                        cu_seqlens: Optional[torch.Tensor], scale: float, output_final_state: bool,
-                                        use_qk_l2norm_in_kernel: bool, state_v_first: bool,
-                                        cu_seqlens_cpu: Optional[torch.Tensor] = None, inverse_fp32: bool = False,
-                                        context_parallel: int = 0, cp_segment_chunks: int = 0,
-                                        cp_decay_threshold: float = -10.0
-                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """chunk_gated_delta_rule_fwd for eager autograd: (o, final_state, and the CP cache's states and
-    transitions, empty where the forward runs no CP), which its backward reuses. No fake
-    implementation (the cache's size comes from the host lengths): under torch.compile
-    chunk_gated_delta_rule takes chunk_gated_delta_rule_fwd, whose backward rebuilds the cache."""
+@torch.library.custom_op("flashgdn::chunk_gated_delta_rule_fwd_cached", mutates_args=())
+def chunk_gated_delta_rule_fwd_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                      beta: torch.Tensor, initial_state: Optional[torch.Tensor],
+                                      cu_seqlens: Optional[torch.Tensor], scale: float, output_final_state: bool,
+                                      use_qk_l2norm_in_kernel: bool, state_v_first: bool,
+                                      cu_seqlens_cpu: Optional[torch.Tensor] = None, inverse_fp32: bool = False,
+                                      context_parallel: int = 0, cp_segment_chunks: int = 0,
+                                      cp_decay_threshold: float = -10.0
+                                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """chunk_gated_delta_rule_fwd for eager autograd: (o, final_state, the CP cache's states and
+    transitions, the inverse cache; a cache empty where the forward forms none), which its backward
+    reuses. No fake implementation (the caches' sizes come from the host lengths and the kernel
+    choice): under torch.compile chunk_gated_delta_rule takes chunk_gated_delta_rule_fwd, whose
+    backward rebuilds them."""
     N, Hv, K, V = _num_seqs(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     final = (torch.empty(_state_shape(N, Hv, K, V, state_v_first), dtype=torch.float32, device=q.device)
              if output_final_state else None)
-    cache = new_cp_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first,
-                         cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold)
+    plan = (q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens_cpu,
+            context_parallel, cp_segment_chunks, cp_decay_threshold)
+    cache = new_cp_cache(*plan)
+    inverse = None if inverse_fp32 else new_inverse_cache(*plan)
     forward_into(o, final, q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm_in_kernel,
                  state_v_first, inverse_fp32, cu_seqlens_cpu, context_parallel, cp_segment_chunks, cp_decay_threshold,
-                 cp_cache=cache)
-    def empty():  # a fresh one each: a custom op's outputs may not alias each other
-        return q.new_empty(0, dtype=torch.float32)
+                 cp_cache=cache, inverse_cache=inverse)
+    def empty(dtype=torch.float32):  # a fresh one each: a custom op's outputs may not alias each other
+        return q.new_empty(0, dtype=dtype)
     return (o, empty() if final is None else final, empty() if cache is None else cache.states,
-            empty() if cache is None else cache.transitions)
+            empty() if cache is None else cache.transitions, empty(torch.uint8) if inverse is None else inverse)
 
 
-def _setup_context_cp_cache(ctx, inputs, output):
-    # the cache's tensors are saved as they are: the backward's kernels add transitions to them through
-    # raw pointers, after they are unpacked, which the saved-tensor version check does not see
-    _setup_context(ctx, inputs, output[:2], cp_cache=output[2:])
-    ctx.mark_non_differentiable(output[2], output[3])
+def _setup_context_cached(ctx, inputs, output):
+    # the caches' tensors are saved as they are: the backward's kernels add transitions to the CP cache
+    # through raw pointers, after they are unpacked, which the saved-tensor version check does not see
+    _setup_context(ctx, inputs, output[:2], caches=output[2:])
+    ctx.mark_non_differentiable(*output[2:])
 
 
-def _backward_cp_cache(ctx, grad_o, grad_final, _grad_states, _grad_transitions):
-    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, states, transitions = ctx.saved_tensors
+def _backward_cached(ctx, grad_o, grad_final, _grad_states, _grad_transitions, _grad_inverse):
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, states, transitions, inverse = ctx.saved_tensors
+    inverse_cache = inverse if inverse.numel() > 0 else None
     if states.numel() == 0:
-        return _backward(ctx, grad_o, grad_final)
+        return _backward(ctx, grad_o, grad_final, inverse_cache=inverse_cache)
     segment_chunks, segments = _cp_cache_shape(q, k, v, g, beta, initial_state, cu_seqlens, ctx.scale,
                                                ctx.use_qk_l2norm_in_kernel, ctx.state_v_first, cu_seqlens_cpu, *ctx.cp)
     if segments != states.shape[0]:
         raise RuntimeError(f"flashgdn: the forward kept a CP cache of {states.shape[0]} segments, the cut now has "
                            f"{segments}")
-    return _backward(ctx, grad_o, grad_final, CpCache(states, transitions, segment_chunks))
+    return _backward(ctx, grad_o, grad_final, CpCache(states, transitions, segment_chunks), inverse_cache)
 
 
-torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd_cp_cache", _backward_cp_cache,
-                                setup_context=_setup_context_cp_cache)
+torch.library.register_autograd("flashgdn::chunk_gated_delta_rule_fwd_cached", _backward_cached,
+                                setup_context=_setup_context_cached)
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -523,12 +564,14 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     finite and wrong); inverse_fp32=True (keyword) runs the split-bf16 inverse in both directions
     instead, for any keys.
 
-    With gradients wanted (eager mode), a forward that runs CP keeps its CP cache (the segment states
-    and transitions, fp32: 128 KiB a segment and v-head) for its backward, as FlashQLA's does;
-    cp_cache=False (keyword) keeps nothing and the backward rebuilds them.
+    With gradients wanted (eager mode), the forward keeps what its backward would rebuild, as
+    FlashQLA's does: where it runs CP, the CP cache (the segment states and transitions, fp32: 128 KiB
+    a segment and v-head), and where it runs the chunk inverse in the backward's format, the inverse
+    cache (A_r and Ag: 256 B a token and v-head; the gradients equal those without it);
+    forward_cache=False (keyword) keeps nothing and the backward rebuilds them.
     """
     for key in kwargs:
-        if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32", "cp_cache"):
+        if key not in ("head_first", "cu_seqlens_cpu", "inverse_fp32", "forward_cache"):
             raise TypeError(f"chunk_gated_delta_rule: unexpected keyword argument '{key}'")
     if kwargs.get("head_first"):
         raise ValueError("head_first: the [B, H, T, D] layout is not supported; pass [B, T, H, D]")
@@ -544,8 +587,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             context_parallel, int(cp_segment_chunks), float(cp_decay_threshold))
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, v, g, beta, initial_state))
-    if wants_grad and q.is_cuda and kwargs.get("cp_cache", True) and not torch.compiler.is_compiling():
-        o, final, _, _ = chunk_gated_delta_rule_fwd_cp_cache(*args)
+    if wants_grad and q.is_cuda and kwargs.get("forward_cache", True) and not torch.compiler.is_compiling():
+        o, final, *_ = chunk_gated_delta_rule_fwd_cached(*args)
     else:
         o, final = chunk_gated_delta_rule_fwd(*args)
     return o, (final if output_final_state else None)

@@ -12,6 +12,7 @@ const char* dtype_name(DType dtype) {
     case DType::kF64: return "float64";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kU8: return "uint8";
   }
   return "unknown";
 }
@@ -24,6 +25,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::kI32: return 4;
     case DType::kF64:
     case DType::kI64: return 8;
+    case DType::kU8: return 1;
   }
   return 0;
 }

@@ -392,6 +392,25 @@ Status check_cp_cache(const TensorRef& states, const TensorRef& transitions, Sha
   return {};
 }
 
+// The inverse cache (uint8, contiguous [bytes]; the runtime, which knows its layout, checks the size):
+// only for the GPU kernels, without shard phases.
+Status check_inverse_cache(const TensorRef& cache, ShardPhase phase, Target target, Arg& arg) {
+  arg = Arg{"inverse_cache", &cache, 1, {cache.present() && cache.rank == 1 ? cache.sizes[0] : 0, 1, 1, 1}};
+  if (!cache.present()) return {};
+  if (target == Target::kHost) return unsupported("inverse_cache: the float64 reference forms no chunk inverse");
+  if (phase != ShardPhase::kNone)
+    return unsupported("inverse_cache: not with shard phases (they keep their own chunk inverse)");
+  if (cache.rank != 1 || cache.sizes[0] < 1)
+    return invalid(cat("inverse_cache: expected a 1-D uint8 buffer of forward_inverse_cache_bytes bytes, got rank ",
+                       cache.rank));
+  if (auto st = check_dtype(arg, {DType::kU8}); !st.ok()) return st;
+  if (cache.strides[0] != 1)
+    return invalid(cat("inverse_cache: must be contiguous (stride 1), got stride ", cache.strides[0]));
+  if (reinterpret_cast<uintptr_t>(cache.data) % 256 != 0)
+    return invalid("inverse_cache: data pointer is not 256-byte aligned");
+  return {};
+}
+
 Status check_shard_phase(ShardPhase phase) {
   if (phase != ShardPhase::kNone && phase != ShardPhase::kMaps && phase != ShardPhase::kFinish)
     return invalid(cat("shard_phase: must be 0 (none), 1 (maps) or 2 (finish), got ", static_cast<int32_t>(phase)));
@@ -438,6 +457,8 @@ Status validate_forward(const ForwardProblem& p, Target target) {
     if (target == Target::kHost) return unsupported("checkpoints: not supported by the float64 reference");
   }
   if (auto s = check_shard_phase(p.shard_phase); !s.ok()) return s;
+  Arg inverse_cache{};
+  if (auto s = check_inverse_cache(p.inverse_cache, p.shard_phase, target, inverse_cache); !s.ok()) return s;
   if (p.shard_phase == ShardPhase::kMaps) return check_shard_maps(p, a, target);
   if (p.shard_maps.present()) return invalid("shard_maps: an output of shard_phase 1 (maps) only");
   if (p.shard_phase == ShardPhase::kFinish && (p.token_states.present() || p.checkpoints.present()))
@@ -475,7 +496,7 @@ Status validate_forward(const ForwardProblem& p, Target target) {
   const Arg initial_indices{"initial_state_indices", &p.in.initial_state_indices, 1, {N, 1, 1, 1}};
   const Arg final_indices{"final_state_indices", &p.final_state_indices, 1, {N, 1, 1, 1}};
   return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, initial_indices, final_indices},
-                        {o, final_state, checkpoints, token_states, cp_states, cp_transitions},
+                        {o, final_state, checkpoints, token_states, cp_states, cp_transitions, inverse_cache},
                         {a.initial_state.name, final_state.name});
 }
 
@@ -511,6 +532,10 @@ Status validate_backward(const BackwardProblem& p, Target target) {
   if (p.cp_states.present() != (p.cp_segment_chunks != 0) || p.cp_segment_chunks < 0)
     return invalid(cat("cp_states: give both the forward's CP cache and its cut cp_segment_chunks >= 1 "
                        "(forward_cp_cache_shape), or neither; got cp_segment_chunks ", p.cp_segment_chunks));
+  Arg inverse_cache{};
+  if (auto s = check_inverse_cache(p.inverse_cache, p.shard_phase, target, inverse_cache); !s.ok()) return s;
+  if (p.inverse_cache.present() && p.inverse_fp32)
+    return unsupported("inverse_cache: holds the fp16-merged chunk inverse; not with inverse_fp32");
   if (p.shard_phase == ShardPhase::kMaps) return check_shard_grad(p, a, target);
   if (p.shard_grad.present()) return invalid("shard_grad: an output of shard_phase 1 (maps) only");
   const Arg d_o = like("do", &p.d_o, a.v);
@@ -548,7 +573,7 @@ Status validate_backward(const BackwardProblem& p, Target target) {
         return invalid(cat(arg->name, ": dtype must be a floating type"));
   }
   // cp_transitions is an output too: the backward adds the transitions the forward did not form
-  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state, cp_states},
+  return check_overlaps({a.q, a.k, a.v, a.g, a.beta, a.initial_state, d_o, d_final_state, cp_states, inverse_cache},
                         {dq, dk, dv, dg, dbeta, dh0, cp_transitions});
 }
 

@@ -63,6 +63,7 @@ ForwardProblem to_forward(const flashgdn_inputs* in, const flashgdn_forward_outp
   p.shard_maps = to_ref(out->shard_maps);
   p.cp_states = to_ref(out->cp_states);
   p.cp_transitions = to_ref(out->cp_transitions);
+  p.inverse_cache = to_ref(out->inverse_cache);
   return p;
 }
 
@@ -83,6 +84,7 @@ BackwardProblem to_backward(const flashgdn_inputs* in, const flashgdn_backward_t
   p.cp_states = to_ref(g->cp_states);
   p.cp_transitions = to_ref(g->cp_transitions);
   p.cp_segment_chunks = g->cp_segment_chunks;
+  p.inverse_cache = to_ref(g->inverse_cache);
   return p;
 }
 
@@ -150,6 +152,13 @@ int flashgdn_forward_cp_cache_shape(const flashgdn_inputs* in, const flashgdn_fo
   *segment_chunks = shape.segment_chunks;
   *segments = shape.segments;
   return report(s, msg, msg_len);
+}
+
+int flashgdn_forward_inverse_cache_bytes(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
+                                         size_t* bytes, char* msg, int msg_len) {
+  if (in == nullptr || out == nullptr) return report(null_argument("problem"), msg, msg_len);
+  if (bytes == nullptr) return report(null_argument("bytes"), msg, msg_len);
+  return report(forward_inverse_cache_bytes(to_forward(in, out), bytes), msg, msg_len);
 }
 
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,

@@ -48,6 +48,7 @@ typedef struct {
   flashgdn_tensor shard_maps;          /* phase 1 output: fp32 [2 N, Hv, K, K], E then M */
   flashgdn_tensor cp_states;           /* optional CP cache for the backward: fp32 [segments, Hv, K, V] */
   flashgdn_tensor cp_transitions;      /* ... and fp32 [segments, Hv, K, K] (both or neither) */
+  flashgdn_tensor inverse_cache;       /* optional for the backward: uint8 [flashgdn_forward_inverse_cache_bytes] */
 } flashgdn_forward_outputs;
 
 typedef struct {
@@ -58,6 +59,7 @@ typedef struct {
   flashgdn_tensor cp_states;  /* optional: the forward's CP cache (its cp_states, cp_transitions) ... */
   flashgdn_tensor cp_transitions;
   int64_t cp_segment_chunks;  /* ... and its cut (flashgdn_forward_cp_cache_shape); 0 without */
+  flashgdn_tensor inverse_cache; /* optional: the forward's inverse cache (read only) */
 } flashgdn_backward_tensors;
 
 const char* flashgdn_version(void);
@@ -86,6 +88,10 @@ int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_fo
  * CP, else the cut and *segments the rows of its cp_states. Host-only, no sync. */
 int flashgdn_forward_cp_cache_shape(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                     int64_t* segment_chunks, int64_t* segments, char* msg, int msg_len);
+/* The bytes of the forward's inverse cache (flashgdn::forward_inverse_cache_bytes): 0 where the forward runs
+ * no chunk inverse the backward can take. Host-only, no sync. */
+int flashgdn_forward_inverse_cache_bytes(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
+                                         size_t* bytes, char* msg, int msg_len);
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,
                      void* workspace, size_t workspace_bytes, void* stream, char* msg, int msg_len);
 int flashgdn_backward_workspace_size(const flashgdn_inputs* in, const flashgdn_backward_tensors* grads,

@@ -29,6 +29,7 @@ inline double load_scalar(const void* base, DType dtype, int64_t offset) {
     case DType::kF64: return static_cast<const double*>(base)[offset];
     case DType::kI32: return static_cast<const int32_t*>(base)[offset];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
+    case DType::kU8: return static_cast<const uint8_t*>(base)[offset];
   }
   return 0.0;
 }
@@ -45,6 +46,7 @@ inline void store_scalar(void* base, DType dtype, int64_t offset, double value) 
     case DType::kF64: static_cast<double*>(base)[offset] = value; return;
     case DType::kI32: static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(value); return;
     case DType::kI64: static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(value); return;
+    case DType::kU8: static_cast<uint8_t*>(base)[offset] = static_cast<uint8_t>(value); return;
   }
 }
 

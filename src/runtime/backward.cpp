@@ -32,6 +32,8 @@
 // correction from initial_state, the pass writing chunk_states, cp_grad_correction from
 // d_final_state and the rest, on kMaps' workspace.
 //
+// With the forward's inverse cache (BackwardProblem::inverse_cache) no chunk_inverse runs: A_r, Ag, the
+// gate records and the window terms are read from the cache, and the workspace holds none of them.
 // Workspace, after the input regions: A_r [B*T, Hv, 64] (fp32 with inverse_fp32, else fp16); Ag
 // [B*T, Hv, 64] and chunk_states [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks,
 // Hv, 128]; chunk_grad_states [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks,
@@ -74,12 +76,15 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
   BackwardLayout layout;
   layout.inputs = input_layout(in);
   std::size_t offset = layout.inputs.end;
-  layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 (exact: the merges' format)
-  offset = align_up(offset + tokens_heads * 64 * (problem.inverse_fp32 ? sizeof(float) : 2));
-  layout.gated_inverse = offset;
-  offset = align_up(offset + tokens_heads * 64 * 2);
-  layout.chunk_gates = offset;
-  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * sizeof(float));
+  const bool cached = problem.inverse_cache.present();  // the chunk inverse's outputs are in the cache
+  if (!cached) {
+    layout.inverse = offset;  // A_r's rows in fp32 (inverse_fp32), else in fp16 (exact: the merges' format)
+    offset = align_up(offset + tokens_heads * 64 * (problem.inverse_fp32 ? sizeof(float) : 2));
+    layout.gated_inverse = offset;
+    offset = align_up(offset + tokens_heads * 64 * 2);
+    layout.chunk_gates = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * sizeof(float));
+  }
   layout.chunk_states = offset;
   offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * 128 * 128 * 2);
   layout.chunk_grad_states = offset;
@@ -111,8 +116,10 @@ BackwardLayout backward_layout(const BackwardProblem& problem) {
     const auto segment_heads = static_cast<std::size_t>(layout.cp.max_segments) * s.num_v_heads;
     layout.grad_window_chunks = offset;
     offset = align_up(offset + segment_heads * sizeof(int32_t));
-    layout.chunk_window_terms = offset;
-    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * sizeof(float));
+    if (!cached) {
+      layout.chunk_window_terms = offset;
+      offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in)) * s.num_v_heads * sizeof(float));
+    }
     for (std::size_t* region : {&layout.segment_grad_starts, &layout.segment_grad_ends}) {
       *region = offset;
       offset = align_up(offset + segment_heads * 128 * 128 * sizeof(float));
@@ -143,6 +150,10 @@ Status backward_workspace_size(const BackwardProblem& problem, std::size_t* byte
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes: null pointer"};
   *bytes = 0;
   if (auto s = detail::validate_backward(problem, detail::Target::kDevice); !s.ok()) return s;
+  const BackwardProblem batched = detail::batch_view(problem);
+  if (auto s = detail::check_inverse_cache_size(batched.inverse_cache, detail::inverse_cache_layout(batched.in));
+      !s.ok())
+    return s;
   *bytes = detail::backward_workspace_bytes(problem);
   return {};
 }
@@ -158,6 +169,7 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
             "cp_states: " + std::to_string(problem.cp_states.sizes[0]) + " segments given, a cut of cp_segment_chunks " +
                 std::to_string(problem.cp_segment_chunks) + " has " + std::to_string(layout.cp.max_segments) +
                 " (pass the forward's cp_states with its forward_cp_cache_shape)"};
+  if (auto s = check_inverse_cache_size(problem.inverse_cache, inverse_cache_layout(problem.in)); !s.ok()) return s;
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   const Inputs& in = problem.in;
@@ -168,18 +180,25 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
                               layout.cp.segment_chunks);
       !s.ok())
     return s;
-  p.inverse = ws + layout.inverse;
-  p.gated_inverse_out = ws + layout.gated_inverse;
-  // A_r's rows in fp16 where the merges are (the same values, half the gradient pass's A_r bytes)
-  p.inverse_rows_fp16 = !problem.inverse_fp32;
-  p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
+  const bool cached = problem.inverse_cache.present();
+  if (cached) {  // the forward's chunk inverse outputs (its window terms are read only with CP)
+    bind_inverse_cache(p, problem.inverse_cache, inverse_cache_layout(in));
+    if (!layout.cp.enabled) p.chunk_window_terms = nullptr;
+  } else {
+    p.inverse = ws + layout.inverse;
+    p.gated_inverse_out = ws + layout.gated_inverse;
+    // A_r's rows in fp16 where the merges are (the same values, half the gradient pass's A_r bytes)
+    p.inverse_rows_fp16 = !problem.inverse_fp32;
+    p.chunk_gates = reinterpret_cast<float*>(ws + layout.chunk_gates);
+    // With CP the chunk inverse also sums each chunk's decay-window terms: both cp_windows (the
+    // backward's leading windows, the pre-pass's trailing ones) scan those sums, not every token's K.
+    if (layout.cp.enabled) p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
+  }
+  void* const inverse_rows = p.inverse;  // A_r, which the gradient pass reads
   const kern::ElemKind elem = elem_kind(in);
   const bool bf16 = elem == kern::ElemKind::kBF16;
   const ShardPhase phase = problem.shard_phase;
-  // With CP the chunk inverse also sums each chunk's decay-window terms: both cp_windows (the
-  // backward's leading windows, the pre-pass's trailing ones) scan those sums, not every token's K.
-  if (layout.cp.enabled) p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
-  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse
+  if (phase != ShardPhase::kFinish && !cached) {  // kFinish reuses kMaps' inverse
     const kern::InverseMerges merges = problem.inverse_fp32 ? kern::InverseMerges::kSplit : kern::InverseMerges::kHalf;
     if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, merges, stream); !s.ok()) return s;
   }
@@ -224,7 +243,7 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
       !s.ok())
     return s;
   p.exact_state_update = false;
-  p.inverse = ws + layout.inverse;
+  p.inverse = inverse_rows;
   p.gated_inverse = false;
 
   bp.d_o = problem.d_o.data;

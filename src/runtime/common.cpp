@@ -96,6 +96,39 @@ Status check_workspace(const void* workspace, std::size_t bytes, std::size_t nee
   return {};
 }
 
+InverseCacheLayout inverse_cache_layout(const Inputs& in) {
+  const Shape& s = in.shape;
+  const auto tokens_heads = static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads);
+  const auto chunk_heads = static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads);
+  InverseCacheLayout layout;
+  std::size_t offset = 0;
+  layout.inverse = offset;
+  offset = align_up(offset + tokens_heads * 64 * 2);
+  layout.gated_inverse = offset;
+  offset = align_up(offset + tokens_heads * 64 * 2);
+  layout.chunk_gates = offset;
+  offset = align_up(offset + chunk_heads * 128 * sizeof(float));
+  layout.window_terms = offset;
+  layout.bytes = align_up(offset + chunk_heads * sizeof(float));
+  return layout;
+}
+
+Status check_inverse_cache_size(const TensorRef& cache, const InverseCacheLayout& layout) {
+  if (!cache.present() || static_cast<std::size_t>(cache.sizes[0]) == layout.bytes) return {};
+  return {StatusCode::kInvalidArgument, "inverse_cache: " + std::to_string(cache.sizes[0]) +
+                                            " bytes given, this problem's cache has " + std::to_string(layout.bytes) +
+                                            " (forward_inverse_cache_bytes of the forward with the same inputs)"};
+}
+
+void bind_inverse_cache(kern::ForwardParams& p, const TensorRef& cache, const InverseCacheLayout& layout) {
+  auto* base = static_cast<unsigned char*>(cache.data);
+  p.inverse = base + layout.inverse;
+  p.inverse_rows_fp16 = true;
+  p.gated_inverse_out = base + layout.gated_inverse;
+  p.chunk_gates = reinterpret_cast<float*>(base + layout.chunk_gates);
+  p.chunk_window_terms = reinterpret_cast<float*>(base + layout.window_terms);
+}
+
 kern::RowStrides row_strides(const TensorRef& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
 
 kern::ElemKind elem_kind(const Inputs& in) {

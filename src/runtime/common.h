@@ -50,6 +50,22 @@ int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads);
 // kWorkspaceTooSmall / kInvalidArgument for a workspace that cannot hold `needed` bytes.
 Status check_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 
+// The forward's inverse cache for its backward (ForwardProblem::inverse_cache): what the chunk inverse
+// writes in the backward's format, for inputs in their batch view. Offsets from the cache's start.
+struct InverseCacheLayout {
+  std::size_t inverse = 0;        // A_r's rows, fp16 [B*T, Hv, 64] (the fp16 merges' values, exact)
+  std::size_t gated_inverse = 0;  // Ag [B*T, Hv, 64] in q's dtype
+  std::size_t chunk_gates = 0;    // the gate records, fp32 [chunk bound, Hv, 128]
+  std::size_t window_terms = 0;   // the decay-window terms, fp32 [chunk bound, Hv]
+  std::size_t bytes = 0;
+};
+InverseCacheLayout inverse_cache_layout(const Inputs& in);
+// kInvalidArgument unless the cache (present) holds exactly layout.bytes.
+Status check_inverse_cache_size(const TensorRef& cache, const InverseCacheLayout& layout);
+// The chunk inverse's outputs in the backward's format (A_r's fp16 rows into p.inverse, Ag into
+// p.gated_inverse_out, the gate records, the window terms), pointed into the cache.
+void bind_inverse_cache(kern::ForwardParams& p, const TensorRef& cache, const InverseCacheLayout& layout);
+
 kern::RowStrides row_strides(const TensorRef& t);
 kern::ElemKind elem_kind(const Inputs& in);
 

@@ -237,6 +237,10 @@ bool use_recurrent_decode(const ForwardProblem& problem) {
   return true;
 }
 
+bool forms_reusable_inverse(const ForwardLayout& layout, FusedKernel kernel, kern::InverseKind inverse) {
+  return !layout.decode && kernel == FusedKernel::kRegisterState && inverse == kern::InverseKind::kBF16;
+}
+
 ForwardLayout forward_layout(const ForwardProblem& given, kern::InverseKind inverse) {
   const ForwardProblem problem = batch_view(given);
   const Inputs& in = problem.in;
@@ -250,16 +254,22 @@ ForwardLayout forward_layout(const ForwardProblem& given, kern::InverseKind inve
     layout.bytes = offset;
     return layout;
   }
-  layout.inverse = offset;
-  const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
-  offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
-  layout.chunk_gates = offset;
-  offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * 128 * sizeof(float));
+  // with the inverse cache, the chunk inverse writes A_r, Ag, the gate records and the window terms there
+  const bool cached = problem.inverse_cache.present();
+  if (!cached) {
+    layout.inverse = offset;
+    const std::size_t inverse_elem = inverse == kern::InverseKind::kF32 ? 4 : 2;
+    offset = align_up(offset + static_cast<std::size_t>(s.batch * s.seqlen * s.num_v_heads) * 64 * inverse_elem);
+    layout.chunk_gates = offset;
+    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * 128 * sizeof(float));
+  }
   layout.cp = shard ? decide_shard_cp(in) : decide_cp(in);
   if (layout.cp.enabled) {
     offset = add_cp_regions(in, layout.cp, offset, layout.cp_regions);
-    layout.chunk_window_terms = offset;
-    offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * sizeof(float));
+    if (!cached) {
+      layout.chunk_window_terms = offset;
+      offset = align_up(offset + static_cast<std::size_t>(chunk_bound(in) * s.num_v_heads) * sizeof(float));
+    }
   }
   if (problem.checkpoints.present() && in.varlen.present()) {
     layout.checkpoint_offsets = offset;
@@ -303,6 +313,14 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
                                                 " segments given, the cut has " +
                                                 std::to_string(layout.cp.max_segments) + " (forward_cp_cache_shape)"};
   }
+  const bool caches_inverse = problem.inverse_cache.present();
+  if (caches_inverse) {
+    if (!forms_reusable_inverse(layout, kernel, inverse))
+      return {StatusCode::kInvalidArgument,
+              "inverse_cache: this call runs no chunk inverse the backward can take (the register-state kernel "
+              "with the default inverse does; forward_inverse_cache_bytes gives 0 here): leave it absent"};
+    if (auto s = check_inverse_cache_size(problem.inverse_cache, inverse_cache_layout(problem.in)); !s.ok()) return s;
+  }
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
   auto* ws = static_cast<unsigned char*>(workspace);
@@ -340,6 +358,9 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   // for cp_windows; elsewhere cp_windows reads every token's K row.
   if (layout.cp.enabled && p.gated_inverse)
     p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
+  // The inverse cache: the chunk inverse in the backward's format (A_r's fp16 rows beside Ag, the
+  // window terms with or without CP), so that the backward runs none; v4 then reads Ag from the cache.
+  if (caches_inverse) bind_inverse_cache(p, problem.inverse_cache, inverse_cache_layout(problem.in));
 
   const kern::ElemKind elem = elem_kind(problem.in);
   if (layout.decode) {
@@ -350,7 +371,13 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
                                         : Status{};
   }
   const ShardPhase phase = problem.shard_phase;
-  if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
+  if (caches_inverse) {  // the backward's chunk inverse (fp32 kind, fp16 merges and rows), then v4 on its Ag
+    p.gated_inverse = false;
+    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, kern::InverseMerges::kHalf, stream); !s.ok())
+      return s;
+    p.inverse = p.gated_inverse_out;
+    p.gated_inverse = true;
+  } else if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
     if (auto s = inverse_inside ? cuda_status(kern::launch_chunk_gates(p, stream), "chunk_gates")
                                 : launch_chunk_inverse(p, elem, inverse,
                                                        inverse == kern::InverseKind::kF32 ? kern::InverseMerges::kSplit
@@ -413,6 +440,18 @@ Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape
   if (!layout.cp.enabled) return {};
   shape->segment_chunks = layout.cp.segment_chunks;
   shape->segments = layout.cp.max_segments;
+  return {};
+}
+
+Status forward_inverse_cache_bytes(const ForwardProblem& given, std::size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes: null pointer"};
+  *bytes = 0;
+  if (auto s = detail::validate_inputs(given.in, detail::Target::kDevice); !s.ok()) return s;
+  const ForwardProblem problem = detail::batch_view(given);
+  const detail::ForwardLayout layout = detail::forward_layout(problem, detail::kDefaultInverse);
+  const detail::FusedKernel kernel = detail::auto_forward_kernel(problem.in, layout.cp.enabled, problem.shard_phase);
+  if (problem.shard_phase == ShardPhase::kNone && detail::forms_reusable_inverse(layout, kernel, detail::kDefaultInverse))
+    *bytes = detail::inverse_cache_layout(problem.in).bytes;
   return {};
 }
 

@@ -114,6 +114,10 @@ struct ForwardLayout {
 // mode: uniform_sequence_length in common.h).
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);
 
+// Whether a forward of this plan, fused kernel and inverse storage runs the chunk inverse whose outputs
+// the backward can take (the inverse cache): the register-state kernel with the bf16 (fp16-merged) inverse.
+bool forms_reusable_inverse(const ForwardLayout& layout, FusedKernel kernel, kern::InverseKind inverse);
+
 // Variants that measurements and tests pin (the public entry points use the defaults).
 struct ForwardVariant {
   kern::InverseKind inverse = kDefaultInverse;

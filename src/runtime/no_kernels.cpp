@@ -27,6 +27,12 @@ Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape
   (void)problem;  // no kernels, no CP
   return {};
 }
+Status forward_inverse_cache_bytes(const ForwardProblem& problem, std::size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes: null pointer"};
+  *bytes = 0;
+  (void)problem;  // no kernels, no chunk inverse
+  return {};
+}
 Status forward(const ForwardProblem& problem, void*, std::size_t, cudaStream_t) {
   if (auto s = validate_forward(problem); !s.ok()) return s;
   return not_built("forward");

@@ -503,6 +503,55 @@ TEST(Validate, CpCache) {
   expect_error(detail::validate_backward(b, detail::Target::kHost), StatusCode::kNotSupported, "cp_states");
 }
 
+// A uint8 buffer of `bytes` at a 256-byte aligned address inside the arena (its own addresses are
+// 256 bytes apart, not necessarily aligned).
+TensorRef aligned_bytes(Arena& arena, int64_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(arena.take(static_cast<size_t>(bytes) + 256));
+  return TensorRef::contiguous(reinterpret_cast<void*>((at + 255) / 256 * 256), DType::kU8, {bytes});
+}
+
+TEST(Validate, InverseCache) {
+  Fixture f;
+  const TensorRef cache = aligned_bytes(f.arena, 4096);
+  f.fwd.inverse_cache = cache;  // its size is the runtime's to check (it knows the layout)
+  EXPECT_TRUE(validate_forward(f.fwd).ok()) << validate_forward(f.fwd).message();
+  EXPECT_STREQ(dtype_name(DType::kU8), "uint8");
+  EXPECT_EQ(dtype_size(DType::kU8), 1u);
+  f.fwd.inverse_cache.dtype = DType::kF32;
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "inverse_cache");
+  f.fwd.inverse_cache = cache;
+  f.fwd.inverse_cache.data = static_cast<std::byte*>(cache.data) + 16;
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "inverse_cache");
+  f.fwd.inverse_cache = TensorRef::contiguous(cache.data, DType::kU8, {2, 2048});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "inverse_cache");
+  f.fwd.inverse_cache = TensorRef::strided(cache.data, DType::kU8, {2048}, {2});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "inverse_cache");
+  const auto q_at = reinterpret_cast<uintptr_t>(f.fwd.in.q.data);  // an output within an input
+  f.fwd.inverse_cache = TensorRef::contiguous(reinterpret_cast<void*>((q_at + 255) / 256 * 256), DType::kU8, {1024});
+  expect_error(validate_forward(f.fwd), StatusCode::kInvalidArgument, "inverse_cache");
+  f.fwd.inverse_cache = cache;
+  expect_error(detail::validate_forward(f.fwd, detail::Target::kHost), StatusCode::kNotSupported, "inverse_cache");
+  for (ShardPhase phase : {ShardPhase::kMaps, ShardPhase::kFinish}) {
+    f.fwd.shard_phase = phase;
+    expect_error(validate_forward(f.fwd), StatusCode::kNotSupported, "inverse_cache");
+  }
+
+  BackwardProblem& b = f.bwd;
+  b.inverse_cache = cache;  // read only: an input
+  EXPECT_TRUE(validate_backward(b).ok()) << validate_backward(b).message();
+  b.inverse_fp32 = true;
+  expect_error(validate_backward(b), StatusCode::kNotSupported, "inverse_cache");
+  b.inverse_fp32 = false;
+  const TensorRef dq = b.dq;
+  b.dq.data = cache.data;
+  expect_error(validate_backward(b), StatusCode::kInvalidArgument, "dq");
+  b.dq = dq;
+  b.shard_phase = ShardPhase::kFinish;
+  expect_error(validate_backward(b), StatusCode::kNotSupported, "inverse_cache");
+  b.shard_phase = ShardPhase::kNone;
+  expect_error(detail::validate_backward(b, detail::Target::kHost), StatusCode::kNotSupported, "inverse_cache");
+}
+
 TEST(Validate, ContextParallelismOptions) {
   {
     Fixture f;

@@ -614,7 +614,7 @@ def test_cp_cache_bad_arguments(seed):
 
 def test_autograd_keeps_the_forward_cp_cache(seed):
     """chunk_gated_delta_rule under eager autograd keeps its forward's CP cache: the backward launches no
-    forward correction (with cp_cache=False it rebuilds the states and does), and the gradients match
+    forward correction (with forward_cache=False it rebuilds the states and does), and the gradients match
     the oracle either way."""
     from test_backward import INPUTS
 
@@ -622,10 +622,10 @@ def test_autograd_keeps_the_forward_cp_cache(seed):
     do, dht = upstream(x)
     for keep in (True, False):
         leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-        o, final = flashgdn.chunk_gated_delta_rule(**leaves, output_final_state=True, cp_cache=keep)
+        o, final = flashgdn.chunk_gated_delta_rule(**leaves, output_final_state=True, forward_cache=keep)
         grads = []
         launched = kernels_launched(
             lambda: grads.extend(torch.autograd.grad((o, final), [leaves[n] for n in INPUTS], (do, dht))))
         check_grads(x, dict(zip(GRADS, grads)), do, dht)
         corrected = any("cp_correction_kernel" in name for name in launched)
-        assert corrected != keep, f"cp_cache={keep}: backward kernels {sorted(launched)}"
+        assert corrected != keep, f"forward_cache={keep}: backward kernels {sorted(launched)}"

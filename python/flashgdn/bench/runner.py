@@ -120,14 +120,22 @@ def run_forward(cfg: Config, ctx: Context) -> list[dict]:
     return [complete_row(row)]
 
 
-def forward_cp_cache(x, cu, cu_cpu, scale):
-    """The forward's CP cache (flashgdn.ops.new_cp_cache, filled by one forward with the default options),
-    or None where that forward runs no CP."""
+def forward_caches(x, cu, cu_cpu, scale):
+    """What one forward with the default options keeps for its backward, filled by that forward:
+    {"cp_cache": flashgdn.ops.new_cp_cache's (None without CP), "inverse_cache": new_inverse_cache's
+    (None where it runs no chunk inverse the backward can take)}: chunk_gated_delta_rule_bwd's keywords
+    through backward_kwargs."""
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, scale)
-    cache = ops.new_cp_cache(*args, cu_seqlens_cpu=cu_cpu)
-    if cache is not None:
-        ops.forward_into(torch.empty_like(x["v"]), None, *args, cu_seqlens_cpu=cu_cpu, cp_cache=cache)
-    return cache
+    caches = {"cp_cache": ops.new_cp_cache(*args, cu_seqlens_cpu=cu_cpu),
+              "inverse_cache": ops.new_inverse_cache(*args, cu_seqlens_cpu=cu_cpu)}
+    if any(cache is not None for cache in caches.values()):
+        ops.forward_into(torch.empty_like(x["v"]), None, *args, cu_seqlens_cpu=cu_cpu, **caches)
+    return caches
+
+
+def backward_kwargs(caches) -> dict:
+    """chunk_gated_delta_rule_bwd's keyword arguments for forward_caches' caches."""
+    return dict(ops.CpCache.backward_kwargs(caches["cp_cache"]), inverse_cache=caches["inverse_cache"])
 
 
 def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list[dict]:
@@ -156,13 +164,14 @@ def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list
         return {n: rel_l2(m, r) for n, m, r in zip(GRADS, mine, other) if m is not None and r is not None}
 
     leaves = anchors_mod._leaves(x)
-    # flashgdn's low-level backward after a forward: given that forward's CP cache where it ran CP (the
-    # segment states, as FlashQLA's published backward reuses its forward's), else from the inputs alone
-    cache = forward_cp_cache(x, cu, cu_cpu, scale)
+    # flashgdn's low-level backward after a forward: given what that forward keeps (its CP cache where it
+    # ran CP, its chunk inverse where it ran the register-state kernel), as FlashQLA's published backward
+    # reuses its forward's A and CP cache; else from the inputs alone
+    caches = forward_caches(x, cu, cu_cpu, scale)
     ours_fns = {
         "bwd": lambda: flashgdn.chunk_gated_delta_rule_bwd(
             x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht, x["initial_state"], cu, scale, False, False, cu_cpu,
-            **ops.CpCache.backward_kwargs(cache)),
+            **backward_kwargs(caches)),
         "fwdbwd": lambda: torch.autograd.grad(
             flashgdn.chunk_gated_delta_rule(**leaves, scale=scale, output_final_state=True, cu_seqlens=cu,
                                             cu_seqlens_cpu=cu_cpu),
