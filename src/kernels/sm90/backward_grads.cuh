@@ -1004,8 +1004,11 @@ struct BackwardGrads {
       {
         const int row = acc_row(0);  // and row + 8: one side of row 32
         const uint32_t base = partial_row_base(row, group);
-        // dk's rows 32.. at row - 32 of dA_r, dP: row % 4 is unchanged, so the offset is base's less 32 rows
-        unsigned char* dk_rows = row < kChunk / 2 ? s.du : s.dar - kChunk / 2 * kHeadDim * 4;
+        // dk's rows 32.. at row - 32 of dA_r, dP: row % 4 is unchanged, so the offset is base's less 32
+        // rows (subtracted from the offset, which stays in the tile: the pointer is formed in range)
+        const bool dk_low = row < kChunk / 2;
+        unsigned char* const dk_tile = dk_low ? s.du : s.dar;
+        const uint32_t dk_shift = dk_low ? 0u : kChunk / 2 * kHeadDim * 4;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -1013,7 +1016,7 @@ struct BackwardGrads {
             const int half_off = (e / 2) * 8 * kHeadDim * 4;
             *reinterpret_cast<float2*>(s.vd + partial_byte_offset(base, j) + half_off) =
                 make_float2(dq[4 * j + e], dq[4 * j + e + 1]);
-            *reinterpret_cast<float2*>(dk_rows + partial_byte_offset(base, j) + half_off) =
+            *reinterpret_cast<float2*>(dk_tile + (partial_byte_offset(base, j) + half_off - dk_shift)) =
                 make_float2(dk[4 * j + e], dk[4 * j + e + 1]);
           }
       }
