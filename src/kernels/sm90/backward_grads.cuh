@@ -93,7 +93,8 @@ struct BackwardGrads {
   static constexpr int kPanelBytes = Tiles::kPanelBytes;            // 64 rows of a 64-column panel
   static constexpr int kStatePanelBytes = Tiles::kStatePanelBytes;  // 128 rows of a 64-column panel
 
-  // One work item: chunk `chunk_id` of v-head h (index = chunk_id * Hv + h).
+  // One work item: chunk `chunk_id` of v-head h (index = chunk_id * Hv + h: its row in the per-(chunk, v-head)
+  // arrays, the chunk gates, the state rows, the pre-pass dots).
   struct Item {
     int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
     int rows, h, hk;
@@ -310,14 +311,14 @@ struct BackwardGrads {
   // stage D) and the late set (K, Q, Ag and the gate record: read up to stage E).
   static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes;
   static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kSquareTileBytes + 2 * kChunk * 4;
-  static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it, int num_v_heads) {
+  static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it) {
     const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
     tma::arrive_expect_bytes(&s.early, kEarlyBytes);
     for (int panel = 0; panel < 2; ++panel) {
       const int col = 64 * panel;
       tma::load_4d(s.v + panel * kPanelBytes, &maps.inputs.v, &s.early, col, it.h, t0, b);
       tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.early, col, it.h, t0, b);
-      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.early, col, state_row(it, num_v_heads));
+      tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.early, col, state_row(it));
     }
   }
   static __device__ void issue_late(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
@@ -330,18 +331,15 @@ struct BackwardGrads {
       tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
     }
     tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
-    tma::load_bulk(s.gcum, p.chunk_gates + (it.chunk_id * p.num_v_heads + it.h) * 2 * kChunk, 2 * kChunk * 4,
-                   &s.late);
+    tma::load_bulk(s.gcum, p.chunk_gates + it.index * 2 * kChunk, 2 * kChunk * 4, &s.late);
   }
   static __device__ void issue_state(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                      const Item& it) {
     tma::arrive_expect_bytes(&s.state, kStateTileBytes);
     for (int panel = 0; panel < 2; ++panel)
-      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.state, 64 * panel, state_row(it, p.num_v_heads));
+      tma::load_2d(s.st + panel * kStatePanelBytes, &maps.states, &s.state, 64 * panel, state_row(it));
   }
-  static __device__ __forceinline__ int state_row(const Item& it, int num_v_heads) {
-    return static_cast<int>((it.chunk_id * num_v_heads + it.h) * kHeadDim);
-  }
+  static __device__ __forceinline__ int state_row(const Item& it) { return static_cast<int>(it.index * kHeadDim); }
 
   // group_sums: a unit's running sum, dq then dk, each [64][128] fp32 (32 KiB) with the float2 at
   // (row, pair c) stored at pair c ^ 4 (row % 4): the warps' float2 reads of the staged copy then
@@ -602,7 +600,7 @@ struct BackwardGrads {
       tma::fence_barrier_init();
       s.next = find_item(bp, first_index(bp), Item{});
       if (s.next.valid) {
-        issue_early(maps, s, s.next, p.num_v_heads);
+        issue_early(maps, s, s.next);
         issue_state(p, maps, s, s.next);
         issue_late(p, maps, s, s.next);
       }
@@ -635,7 +633,7 @@ struct BackwardGrads {
     const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     timeline_mark(p, group, it.ordinal, 0);
     const float scale = p.scale;
-    const int64_t b = it.b, t0 = it.t0, chunk_id = it.chunk_id;
+    const int64_t b = it.b, t0 = it.t0;
     const int rows = it.rows, h = it.h;
     const int group_rank = it.group_rank;  // the v-head's place in its group
     const bool add_partial = bp.group_sums && group_rank > 0;
@@ -663,7 +661,7 @@ struct BackwardGrads {
     // the other lanes and warps skip the load's address math
     const bool from_prepass = warp == 0 && lane < 8 && prepass_dot(bp, it);
     float prepass_dot_part = 0.f;
-    if (from_prepass) prepass_dot_part = p.final_grad_dots[(chunk_id * p.num_v_heads + h) * 8 + lane];
+    if (from_prepass) prepass_dot_part = p.final_grad_dots[it.index * 8 + lane];
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
@@ -880,7 +878,7 @@ struct BackwardGrads {
       // the lines of the next lookup (from next's sequence, at this item's end) into L1, after
       // wait_bulk's L1 invalidation (CCTL.IVALL)
       if (next.valid) prefetch_chunk_lookup(p, next.seq);
-      if (next.valid) issue_early(maps, s, next, p.num_v_heads);
+      if (next.valid) issue_early(maps, s, next);
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
