@@ -97,6 +97,7 @@ struct BackwardGrads {
   // arrays, the chunk gates, the state rows, the pre-pass dots).
   struct Item {
     int64_t index, b, t0, chunk_id, seq;  // seq: the sequence (varlen) or batch entry
+    int64_t inverse_row;  // the element of A_r's row 0 in the chunk inverse's rows ((b * seqlen + t0) * Hv + h) * 64
     int rows, h, hk;
     int group_rank;      // h's place among its q/k head's v-heads (formed by the issuer's lookup, not per item by all)
     bool group_last;     // h is its q/k head's last v-head
@@ -296,6 +297,7 @@ struct BackwardGrads {
       it.hk = it.h / group;
       it.group_rank = it.h - it.hk * group;
       it.group_last = it.group_rank + 1 == group;
+      it.inverse_row = ((it.b * p.seqlen + it.t0) * p.num_v_heads + it.h) * kChunk;
       return it;
     }
     return it;
@@ -436,13 +438,15 @@ struct BackwardGrads {
   // issued here and left in flight (under stage E's wgmmas): fp16 words are kept raw, one a pair in
   // element 4 j + e, and unpack_inverse converts them at the first use (converting here waited on each
   // load in turn: the gradient pass +15..+29%).
-  static __device__ __forceinline__ void load_inverse(const ForwardParams& p, int64_t b, int64_t t0, int rows, int h,
-                                                      int group, Acc32& a_r) {
+  static __device__ __forceinline__ void load_inverse(const ForwardParams& p, const Item& it, int group, Acc32& a_r) {
     // the thread's two rows (acc_row(0), + 8) from their first column: element (j, e) lies 8 j + e % 2
-    // columns on (immediate offsets); the fp16 / fp32 choice made once, not per element
-    const int64_t row_pitch = p.num_v_heads * kChunk;
+    // columns on (immediate offsets); the fp16 / fp32 choice made once, not per element. The item's
+    // row 0 comes from the lookup (64-bit, formed once by the issuer), the thread's offset from it in
+    // 32 bits (64 rows of Hv * 64 elements)
+    const int rows = it.rows;
+    const int row_pitch = p.num_v_heads * kChunk;
     const int row0 = acc_row(0), col0 = 32 * group + acc_col(0, 0);
-    const int64_t first = ((b * p.seqlen + t0) * p.num_v_heads + h) * kChunk + row0 * row_pitch + col0;
+    const int64_t first = it.inverse_row + (row0 * row_pitch + col0);
     if (p.inverse_rows_fp16) {  // the pair's word, raw (element 4 j + e + 1 is written by unpack_inverse)
       const __half* src[2] = {static_cast<const __half*>(p.inverse) + first,
                               static_cast<const __half*>(p.inverse) + first + 8 * row_pitch};
@@ -610,7 +614,7 @@ struct BackwardGrads {
     const Item first = s.next;
     if (!first.valid) return;
     Acc32 a_r;  // A_r of the item, loaded an item ahead
-    load_inverse(p, first.b, first.t0, first.rows, first.h, group, a_r);
+    load_inverse(p, first, group, a_r);
 #pragma unroll 1
     do {
       float* const running_sum = run_item(bp, maps, s, a_r);
@@ -967,8 +971,8 @@ struct BackwardGrads {
       {  // the next item's A_r into a_r (its last reader was stage C's epilogue), issued under these
          // wgmmas: no fence.proxy.async (a MEMBAR, which waits for this thread's loads) or wgmma fence
          // comes before its first use at the next item's top, but for a running sum's staging
-        const Item next = s.next;
-        if (next.valid) load_inverse(p, next.b, next.t0, next.rows, next.h, group, a_r);
+        const Item& next = s.next;  // its fields read where used (the lookup reads the rest)
+        if (next.valid) load_inverse(p, next, group, a_r);
         // the item after next, looked up under the wgmmas too (its issuer's wait; the other warps
         // wait for it at this stage's barrier, not at the item's end)
         if (threadIdx.x == kIssuer) {
