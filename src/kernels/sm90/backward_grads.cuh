@@ -766,7 +766,7 @@ struct BackwardGrads {
     Acc dq, dk;  // dQ_a, dK_a over columns 64 g .., then dq, dk: in flight under the first group's epilogue
     // dg_s's row terms of this thread's rows (as add_row_sums) from stage C's on, summed in registers
     // to stage D's end, then added to dgs once
-    float row_dg[2] = {0.f, 0.f};
+    float row_dg[2];  // from stage C's first energy term on (no add to a zero)
     {
       Acc dw;
       Acc32 dpg, dag;
@@ -829,7 +829,9 @@ struct BackwardGrads {
       float* const col_dst = dgs + (lane >= 16 ? 8 * kChunk : 0) + 32 * group + acc_col(0, 0) + lane / 8 % 2;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        float col_sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // -E, dAg G A_r at columns col0 + d, both row halves
+        // -E, dAg G A_r at columns col0 + d, both row halves: set by the first row half's terms, not
+        // added to zeros (0 - x is not -x to ptxas, whose signed zeros then cost an FADD)
+        float col_sum[2][2];
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int row = acc_row(e), col = 32 * group + acc_col(j, e);
@@ -841,9 +843,9 @@ struct BackwardGrads {
             const float t = dag[x] * gate[x];  // dAg (.) G
             dar[d] = t * s.beta[col + d];
             const float energy = dp[d] * qk[x] + dar[d] * a_r[x];  // Pg dPg + Ag dAg
-            row_dg[e / 2] += energy;
-            col_sum[0][d] -= energy;
-            col_sum[1][d] += t * a_r[x];
+            row_dg[e / 2] = j == 0 && d == 0 ? energy : row_dg[e / 2] + energy;
+            col_sum[0][d] = e == 0 ? -energy : col_sum[0][d] - energy;
+            col_sum[1][d] = e == 0 ? t * a_r[x] : col_sum[1][d] + t * a_r[x];
           }
           dpg[4 * j + e] = dp[0], dpg[4 * j + e + 1] = dp[1];  // dPg's registers now hold dP
           dag[4 * j + e] = dar[0], dag[4 * j + e + 1] = dar[1];  // dAg's registers now hold dA_r
