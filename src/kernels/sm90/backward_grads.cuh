@@ -229,22 +229,51 @@ struct BackwardGrads {
     });
   }
 
-  // wg::pinned_descriptor with the high word from kDescriptorHighWord (the same value), and mma_ss_k
-  // over such descriptors (wg::k_step's k-steps).
+  // Descriptors from the storage's encoded shared address (wg::encode), formed once before the item
+  // loop (run): a tile lies at a constant offset from the storage (group g's panels g panels on), so
+  // a product's descriptor at k-step 0 is that word plus the offset / 16, where the tile's address
+  // took the masking chain (address & 0x3FFFF) >> 4, | LBO per product and item.
+  struct StorageWord {
+    uint32_t word;              // wg::encode of the storage's shared address
+    const unsigned char* base;  // the storage, whose offsets are added
+  };
+  static __device__ __forceinline__ uint32_t tile_word(const StorageWord& sw, const void* tile) {
+    return sw.word + static_cast<uint32_t>(static_cast<const unsigned char*>(tile) - sw.base) / 16;
+  }
+  // wg::pinned_descriptor_from_word of a tile (stages A-C), and with the high word from
+  // kDescriptorHighWord (the same value: stages D and E)
   template <Major kMajor>
-  static __device__ __forceinline__ uint64_t opaque_descriptor(const void* tile, int rows) {
-    uint64_t desc = (wg::descriptor<kMajor>(tile, 0, rows) & 0xFFFFFFFFull) | uint64_t{kDescriptorHighWord} << 32;
+  static __device__ __forceinline__ uint64_t pinned_descriptor(const StorageWord& sw, const void* tile, int rows) {
+    return wg::pinned_descriptor_from_word<kMajor>(tile_word(sw, tile), rows);
+  }
+  template <Major kMajor>
+  static __device__ __forceinline__ uint64_t opaque_descriptor(const StorageWord& sw, const void* tile, int rows) {
+    uint64_t desc = (wg::descriptor_from_word<kMajor>(tile_word(sw, tile), 0, rows) & 0xFFFFFFFFull) |
+                    uint64_t{kDescriptorHighWord} << 32;
     asm volatile("" : "+l"(desc));
     return desc;
   }
-  template <int N, Major kMajorA, Major kMajorB, int kK>
-  static __device__ __forceinline__ void mma_opaque(float (&d)[N / 2], const void* a, int a_rows, const void* b,
-                                                    int b_rows, bool accumulate) {
-    const uint64_t a0 = opaque_descriptor<kMajorA>(a, a_rows), b0 = opaque_descriptor<kMajorB>(b, b_rows);
+  // d (+)= A B over kK in wgmma k-steps from such descriptors (wg::k_step), the first step overwriting
+  // d unless `accumulate`
+  template <int N, Major kMajorA, Major kMajorB, int kK, bool kOpaque>
+  static __device__ __forceinline__ void mma_tiles(float (&d)[N / 2], const StorageWord& sw, const void* a, int a_rows,
+                                                   const void* b, int b_rows, bool accumulate) {
+    const uint64_t a0 = kOpaque ? opaque_descriptor<kMajorA>(sw, a, a_rows) : pinned_descriptor<kMajorA>(sw, a, a_rows);
+    const uint64_t b0 = kOpaque ? opaque_descriptor<kMajorB>(sw, b, b_rows) : pinned_descriptor<kMajorB>(sw, b, b_rows);
 #pragma unroll
     for (int k0 = 0; k0 < kK; k0 += 16)
       wg::mma_ss<Elem, N, kMajorA, kMajorB>(d, wg::k_step<kMajorA>(a0, k0, a_rows), wg::k_step<kMajorB>(b0, k0, b_rows),
                                             accumulate || k0 > 0);
+  }
+  template <int N, Major kMajorA, Major kMajorB, int kK>
+  static __device__ __forceinline__ void mma_opaque(float (&d)[N / 2], const StorageWord& sw, const void* a, int a_rows,
+                                                    const void* b, int b_rows, bool accumulate) {
+    mma_tiles<N, kMajorA, kMajorB, kK, true>(d, sw, a, a_rows, b, b_rows, accumulate);
+  }
+  template <int N, Major kMajorA, Major kMajorB, int kK>
+  static __device__ __forceinline__ void mma_pinned(float (&d)[N / 2], const StorageWord& sw, const void* a, int a_rows,
+                                                    const void* b, int b_rows, bool accumulate) {
+    mma_tiles<N, kMajorA, kMajorB, kK, false>(d, sw, a, a_rows, b, b_rows, accumulate);
   }
 
   // Stage E's first terms, which need nothing from stage D: dq += dP K onto the registers' dQ_a and
@@ -252,10 +281,11 @@ struct BackwardGrads {
   // committed); stage D scales dk_rest's rows by -e^g (dU S^T = -Gamma dW S^T). dU S^T has its own
   // accumulator: dg_s's term rowsum(K (.) dU S^T) is then one row dot, not rowsum(K (.) (dK_a + dU S^T))
   // less stage C's rowsum(K (.) dK_a).
-  static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, int group, Acc& dq, Acc& dk_rest) {
-    mma_opaque<64, Major::kK, Major::kMN, kChunk>(dq, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
-    mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk_rest, s.du, kChunk, s.st + group * kStatePanelBytes,
-                                                            kHeadDim, false);
+  static __device__ __forceinline__ void issue_first_terms(const SharedStorage& s, const StorageWord& sw, int group,
+                                                          Acc& dq, Acc& dk_rest) {
+    mma_opaque<64, Major::kK, Major::kMN, kChunk>(dq, sw, s.dp, kChunk, s.k + group * kPanelBytes, kChunk, true);
+    mma_opaque<64, Major::kK, Major::kMN, kHeadDim>(dk_rest, sw, s.du, kChunk, s.st + group * kStatePanelBytes,
+                                                    kHeadDim, false);
   }
 
   // This CTA's item after `index`: index + gridDim.x, or with bp.group_sums the next v-head of the
@@ -615,9 +645,10 @@ struct BackwardGrads {
     if (!first.valid) return;
     Acc32 a_r;  // A_r of the item, loaded an item ahead
     load_inverse(p, first, group, a_r);
+    const StorageWord sw{static_cast<uint32_t>(wg::encode(smem_addr(smem_grads))), smem_grads};
 #pragma unroll 1
     do {
-      float* const running_sum = run_item(bp, maps, s, a_r);
+      float* const running_sum = run_item(bp, maps, s, sw, a_r);
       __syncthreads();  // warps 0, 1's reads of the partials before the next item zeroes them; the staged sum complete
       if (running_sum != nullptr && threadIdx.x == kIssuer) store_running_sum(s, running_sum);
     } while (s.next.valid);
@@ -630,7 +661,7 @@ struct BackwardGrads {
   // up into s.after (under E's wgmmas).
   // Returns the unit's running sum in HBM where this item staged it for run() to store, else null.
   static __device__ __forceinline__ float* run_item(const BackwardParams& bp, const BackwardTileMaps& maps,
-                                                    SharedStorage& s, Acc32& a_r) {
+                                                    SharedStorage& s, const StorageWord& sw, Acc32& a_r) {
     const Item it = s.next;
     const ForwardParams& p = bp.fwd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -687,8 +718,8 @@ struct BackwardGrads {
     {
       Acc u;
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(u, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
-      wg::mma_ss_k<Elem, 32, Major::kK, Major::kK, kHeadDim, true>(qk, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
+      mma_pinned<64, Major::kK, Major::kK, kHeadDim>(u, sw, s.k, kChunk, s.st + 64 * group * 128, kHeadDim, false);
+      mma_pinned<32, Major::kK, Major::kK, kHeadDim>(qk, sw, s.q, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       if (!prepass_dot(bp, it)) {  // under the wgmmas, which only read the tiles too
         const float dot = warp_sum(state_dot(s));
@@ -732,10 +763,10 @@ struct BackwardGrads {
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kMN, kChunk, true>(vd, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
-      wg::mma_ss_k<Elem, 64, Major::kK, Major::kK, kHeadDim, true>(kds, s.k, kChunk,
+      mma_pinned<64, Major::kK, Major::kMN, kChunk>(vd, sw, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
+      mma_pinned<64, Major::kK, Major::kK, kHeadDim>(kds, sw, s.k, kChunk,
                                                              s.dst + 64 * group * 128, kHeadDim, false);
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(pdo, s.pg, kChunk,
+      mma_pinned<64, Major::kMN, Major::kMN, kChunk>(pdo, sw, s.pg, kChunk,
                                                              s.d_o + group * kPanelBytes, kChunk, false);
       wg::commit();
       wg::wait<0>();
@@ -771,13 +802,13 @@ struct BackwardGrads {
       Acc dw;
       Acc32 dpg, dag;
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kMN, kChunk, true>(dw, s.ag, kChunk,
+      mma_pinned<64, Major::kMN, Major::kMN, kChunk>(dw, sw, s.ag, kChunk,
                                                              s.dvd + group * kPanelBytes, kChunk, false);
       {
-        const uint64_t d_o = wg::pinned_descriptor<Major::kK>(s.d_o, kChunk);
-        const uint64_t vd = wg::pinned_descriptor<Major::kK>(s.vd + 32 * group * 128, kChunk);
-        const uint64_t dvd = wg::pinned_descriptor<Major::kK>(s.dvd, kChunk);
-        const uint64_t v = wg::pinned_descriptor<Major::kK>(s.v + 32 * group * 128, kChunk);
+        const uint64_t d_o = pinned_descriptor<Major::kK>(sw, s.d_o, kChunk);
+        const uint64_t vd = pinned_descriptor<Major::kK>(sw, s.vd + 32 * group * 128, kChunk);
+        const uint64_t dvd = pinned_descriptor<Major::kK>(sw, s.dvd, kChunk);
+        const uint64_t v = pinned_descriptor<Major::kK>(sw, s.v + 32 * group * 128, kChunk);
 #pragma unroll
         for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
           wg::mma_ss<Elem, 32, Major::kK, Major::kK>(dpg, wg::k_step<Major::kK>(d_o, k0, kChunk),
@@ -788,10 +819,10 @@ struct BackwardGrads {
       }
       wg::commit();
       {
-        const uint64_t d_o = wg::pinned_descriptor<Major::kK>(s.d_o, kChunk);
-        const uint64_t st = wg::pinned_descriptor<Major::kMN>(s.st + group * kStatePanelBytes, kHeadDim);
-        const uint64_t vd = wg::pinned_descriptor<Major::kK>(s.vd, kChunk);
-        const uint64_t dst = wg::pinned_descriptor<Major::kMN>(s.dst + group * kStatePanelBytes, kHeadDim);
+        const uint64_t d_o = pinned_descriptor<Major::kK>(sw, s.d_o, kChunk);
+        const uint64_t st = pinned_descriptor<Major::kMN>(sw, s.st + group * kStatePanelBytes, kHeadDim);
+        const uint64_t vd = pinned_descriptor<Major::kK>(sw, s.vd, kChunk);
+        const uint64_t dst = pinned_descriptor<Major::kMN>(sw, s.dst + group * kStatePanelBytes, kHeadDim);
 #pragma unroll
         for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
           wg::mma_ss<Elem, 64, Major::kK, Major::kMN>(dq, wg::k_step<Major::kK>(d_o, k0, kChunk),
@@ -894,9 +925,9 @@ struct BackwardGrads {
       {
         Acc x;
         wg::fence();
-        mma_opaque<64, Major::kMN, Major::kMN, kChunk>(x, s.ar, kChunk, s.dar, kChunk, false);
+        mma_opaque<64, Major::kMN, Major::kMN, kChunk>(x, sw, s.ar, kChunk, s.dar, kChunk, false);
         wg::commit();
-        issue_first_terms(s, group, dq, dk_rest);  // behind X: they need nothing from D
+        issue_first_terms(s, sw, group, dq, dk_rest);  // behind X: they need nothing from D
         wg::commit();
         wg::wait<1>();
         wg::fence_operand(x);
@@ -905,12 +936,12 @@ struct BackwardGrads {
       Acc32 y, kk;
       wg::fence();
       {
-        const uint64_t ar = opaque_descriptor<Major::kK>(s.ar + 32 * group * 128, kChunk);
+        const uint64_t ar = opaque_descriptor<Major::kK>(sw, s.ar + 32 * group * 128, kChunk);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wg::mma_rs<Elem, 32, Major::kK>(y, x_frag[ks], wg::k_step<Major::kK>(ar, 16 * ks, kChunk), ks > 0);
       }
-      mma_opaque<32, Major::kK, Major::kK, kHeadDim>(kk, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
+      mma_opaque<32, Major::kK, Major::kK, kHeadDim>(kk, sw, s.k, kChunk, s.k + 32 * group * 128, kChunk, false);
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(y);
@@ -954,11 +985,11 @@ struct BackwardGrads {
     {
       wg::fence();
       {
-        const uint64_t dp = opaque_descriptor<Major::kMN>(s.dp, kChunk);
-        const uint64_t q = opaque_descriptor<Major::kMN>(s.q + group * kPanelBytes, kChunk);
-        const uint64_t dm = opaque_descriptor<Major::kK>(s.ag, kChunk);
-        const uint64_t dm_t = opaque_descriptor<Major::kMN>(s.ag, kChunk);
-        const uint64_t k = opaque_descriptor<Major::kMN>(s.k + group * kPanelBytes, kChunk);
+        const uint64_t dp = opaque_descriptor<Major::kMN>(sw, s.dp, kChunk);
+        const uint64_t q = opaque_descriptor<Major::kMN>(sw, s.q + group * kPanelBytes, kChunk);
+        const uint64_t dm = opaque_descriptor<Major::kK>(sw, s.ag, kChunk);
+        const uint64_t dm_t = opaque_descriptor<Major::kMN>(sw, s.ag, kChunk);
+        const uint64_t k = opaque_descriptor<Major::kMN>(sw, s.k + group * kPanelBytes, kChunk);
 #pragma unroll
         for (int k0 = 0; k0 < kChunk; k0 += 16) {
           wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dk_rest, wg::k_step<Major::kMN>(dp, k0, kChunk),
