@@ -74,8 +74,9 @@ namespace flashgdn::kern {
 // wgmma descriptors' high word (128-byte swizzle, SBO 1024: wg::descriptor's), read from constant
 // memory so that ptxas cannot split a descriptor into a hoisted low word and a known high word: it
 // then rebuilt the pair with carries at every k-step (up to 7 uniform operations a wgmma, not 2).
-// Used by stage D's and E's products (E's first terms, X, Y, K K^T, dk's rest): on stages A-C's it
-// cost more than it saved (ptxas' choice, recheck the SASS after any change here).
+// Used by stage B's, D's and E's products (Vd, K dS, Pg^T dO; E's first terms, X, Y, K K^T, dk's rest):
+// on stages A's and C's it cost more than it saved (ptxas' choice, recheck the SASS after any change
+// here).
 static __constant__ uint32_t kDescriptorHighWord = 1u << 30 | 1024 >> 4;
 
 template <typename Elem>
@@ -240,8 +241,8 @@ struct BackwardGrads {
   static __device__ __forceinline__ uint32_t tile_word(const StorageWord& sw, const void* tile) {
     return sw.word + static_cast<uint32_t>(static_cast<const unsigned char*>(tile) - sw.base) / 16;
   }
-  // wg::pinned_descriptor_from_word of a tile (stages A-C), and with the high word from
-  // kDescriptorHighWord (the same value: stages D and E)
+  // wg::pinned_descriptor_from_word of a tile (stages A, C), and with the high word from
+  // kDescriptorHighWord (the same value: stages B, D and E)
   template <Major kMajor>
   static __device__ __forceinline__ uint64_t pinned_descriptor(const StorageWord& sw, const void* tile, int rows) {
     return wg::pinned_descriptor_from_word<kMajor>(tile_word(sw, tile), rows);
@@ -763,10 +764,10 @@ struct BackwardGrads {
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
       wg::fence();
-      mma_pinned<64, Major::kK, Major::kMN, kChunk>(vd, sw, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
-      mma_pinned<64, Major::kK, Major::kK, kHeadDim>(kds, sw, s.k, kChunk,
+      mma_opaque<64, Major::kK, Major::kMN, kChunk>(vd, sw, s.ag, kChunk, s.v + group * kPanelBytes, kChunk, false);
+      mma_opaque<64, Major::kK, Major::kK, kHeadDim>(kds, sw, s.k, kChunk,
                                                              s.dst + 64 * group * 128, kHeadDim, false);
-      mma_pinned<64, Major::kMN, Major::kMN, kChunk>(pdo, sw, s.pg, kChunk,
+      mma_opaque<64, Major::kMN, Major::kMN, kChunk>(pdo, sw, s.pg, kChunk,
                                                              s.d_o + group * kPanelBytes, kChunk, false);
       wg::commit();
       wg::wait<0>();
