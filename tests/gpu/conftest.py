@@ -66,6 +66,18 @@ def make_inputs(B, T, Hqk, Hv, regime="weak", dtype=torch.bfloat16, device="cuda
     return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta, initial_state=h0)
 
 
+# Packed lengths every varlen path must take: empty sequences, one token, the chunk edges (63, 64, 65),
+# short and long ones.
+EDGE_LENGTHS = (0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257)
+
+
+def packed_varlen(Hqk, Hv, regime="mixed", lengths=EDGE_LENGTHS, padding=37, index_dtype=torch.int32):
+    """Packed inputs of `lengths` with `padding` tokens past the last sequence: (x, cu_seqlens on the GPU)."""
+    T = sum(lengths) + padding
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=index_dtype, device="cuda")
+    return make_inputs(1, T, Hqk, Hv, regime=regime, N=len(lengths)), cu
+
+
 def kernels_launched(fn):
     """Names of the CUDA kernels fn() launches (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

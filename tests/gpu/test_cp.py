@@ -10,7 +10,7 @@ import flashgdn
 from flashgdn.bench.timing import capture_graph
 from flashgdn.ops import forward_into
 
-from conftest import REGIMES, make_inputs
+from conftest import REGIMES, make_inputs, packed_varlen
 from oracle import rel_l2
 from test_forward import check
 
@@ -50,10 +50,7 @@ def test_regimes_forced_on(seed, regime, with_h0):
 def test_varlen(seed, index_dtype, host_copy):
     """Sequences shorter than a segment, empty ones, odd boundaries, padding past cu_seqlens[-1];
     without the host copy the segment count is a device-side bound."""
-    lengths = [0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257]
-    T = sum(lengths) + 37
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=index_dtype, device="cuda")
-    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    x, cu = packed_varlen(2, 4, index_dtype=index_dtype)
     o, final = run(x, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu() if host_copy else None)
     check(x, o, final, cu_seqlens=cu)
     assert (o[:, int(cu[-1]):] == 0).all(), "padding tokens must be written as zeros"
@@ -415,10 +412,7 @@ def test_backward_variants(seed):
 
 @pytest.mark.parametrize("host_copy", [False, True])
 def test_backward_varlen(seed, host_copy):
-    lengths = [0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257]
-    T = sum(lengths) + 37
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
-    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    x, cu = packed_varlen(2, 4)
     do, dht = upstream(x)
     grads = run_backward(x, do, dht, ON, segment_chunks=3, cu_seqlens=cu,
                          cu_seqlens_cpu=cu.cpu() if host_copy else None)
@@ -548,10 +542,7 @@ def test_backward_with_forward_cp_cache(seed, regime, with_dht, with_h0):
 def test_backward_with_forward_cp_cache_varlen(seed, host_copy):
     """Varlen with empty, short and long sequences; without the host copy the segment count is a
     bound, and the cut is the forced one of the forward."""
-    lengths = [0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257]
-    T = sum(lengths) + 37
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
-    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    x, cu = packed_varlen(2, 4)
     do, dht = upstream(x, cu_seqlens=cu)
     host = cu.cpu() if host_copy else None
     _, cache = forward_with_cache(x, ON, segment_chunks=3, cu_seqlens=cu, cu_seqlens_cpu=host)

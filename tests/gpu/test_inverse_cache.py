@@ -10,7 +10,7 @@ import torch
 import flashgdn
 from flashgdn.ops import backward_into, forward_into, new_cp_cache, new_inverse_cache
 
-from conftest import kernels_launched, make_inputs
+from conftest import kernels_launched, make_inputs, packed_varlen
 from test_backward import GRADS, check as check_grads, poisoned_grads, upstream
 
 AUTO, OFF, ON = 0, 1, 2
@@ -103,10 +103,7 @@ def test_with_cp(seed, forward_mode):
 def test_varlen(seed, host_copy):
     """Empty, short and long sequences and padding; without the host copy the chunk count is a bound
     (the cache's size follows it: the forward and the backward must agree on the host copy)."""
-    lengths = [0, 1, 63, 64, 65, 1000, 3, 2500, 0, 257]
-    T = sum(lengths) + 37
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
-    x = make_inputs(1, T, 2, 4, regime="mixed", N=len(lengths))
+    x, cu = packed_varlen(2, 4)
     do, dht = upstream(x, cu_seqlens=cu)
     host = cu.cpu() if host_copy else None
     _, cache = forward_filling_cache(x, cu_seqlens=cu, cu_seqlens_cpu=host, mode=OFF)
