@@ -371,12 +371,12 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
                                         : Status{};
   }
   const ShardPhase phase = problem.shard_phase;
-  if (caches_inverse) {  // the backward's chunk inverse (fp32 kind, fp16 merges and rows), then v4 on its Ag
-    p.gated_inverse = false;
-    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kF32, kern::InverseMerges::kHalf, stream); !s.ok())
+  if (caches_inverse) {
+    // the backward's chunk-inverse outputs (A_r's fp16 rows beside Ag) by the 16-bit inverse: the fp32
+    // one's bytes at 5 or 6 CTAs a SM where that has 4 (chunk_inverse_ctas_per_sm); then v4 on Ag
+    if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kBF16, kern::InverseMerges::kHalf, stream); !s.ok())
       return s;
     p.inverse = p.gated_inverse_out;
-    p.gated_inverse = true;
   } else if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
     if (auto s = inverse_inside ? cuda_status(kern::launch_chunk_gates(p, stream), "chunk_gates")
                                 : launch_chunk_inverse(p, elem, inverse,

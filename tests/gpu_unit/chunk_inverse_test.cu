@@ -5,7 +5,10 @@
 // ForwardParams::inverse_rows_fp16: as accurate as its fp32 rows) and bf16 storage (fp16 merges), and 1, 4
 // (groups of 4 and 2) and launcher-chosen v-heads per CTA;
 // entries above the diagonal are checked too, and the rows of the last chunk past the 200 tokens (a
-// guard zone after the output) must stay untouched.
+// guard zone after the output) must stay untouched. With gates, the 16-bit inverse's fp16 rows beside Ag
+// (ForwardParams::inverse_rows_fp16 with gated_inverse_out: the forward keeping the inverse cache) must
+// equal the fp32 inverse's (fp16 merges and rows, gated_inverse_out: the backward's) byte for byte, its
+// gate records and window terms too.
 // Exit codes: 0 pass, 1 a mismatch, 77 no sm_90 GPU (ctest reports a skip: CI has no GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -107,6 +111,83 @@ bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const 
   return ok;
 }
 
+// The inverse cache's outputs (runtime/common.h's InverseCacheLayout) of kind I, 0xff-poisoned first.
+struct CacheOutputs {
+  std::vector<uint16_t> rows, gated;  // A_r's fp16 rows, Ag in bf16
+  std::vector<float> gates, windows;  // the gate records, the window terms
+};
+
+template <typename T>
+T* poisoned_device(size_t count) {
+  T* ptr = nullptr;
+  cudaMalloc(&ptr, count * sizeof(T));
+  cudaMemset(ptr, 0xff, count * sizeof(T));
+  return ptr;
+}
+
+template <typename T>
+std::vector<T> to_host_and_free(T* ptr, size_t count) {
+  std::vector<T> host(count);
+  cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaFree(ptr);
+  return host;
+}
+
+template <kern::InverseKind I>
+bool cache_outputs(int heads_per_cta, const __nv_bfloat16* k_dev, const float* beta_dev, const float* g_dev,
+                   CacheOutputs& out) {
+  const size_t count = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
+  kern::ForwardParams p;
+  p.k = k_dev;
+  p.k_strides = {static_cast<int64_t>(T) * Hqk * D, Hqk * D, D};
+  p.beta = beta_dev;
+  p.beta_strides = {static_cast<int64_t>(T) * Hv, Hv, 1};
+  p.g = g_dev;
+  p.g_strides = {static_cast<int64_t>(T) * Hv, Hv, 1};
+  p.batch = 1;
+  p.seqlen = T;
+  p.num_seqs = 1;
+  p.num_qk_heads = Hqk;
+  p.num_v_heads = Hv;
+  p.max_chunks = kChunks;
+  p.inverse_heads_per_cta = heads_per_cta;
+  auto* rows = poisoned_device<uint16_t>(count);
+  auto* gated = poisoned_device<uint16_t>(count);
+  auto* gates = poisoned_device<float>(static_cast<size_t>(kChunks) * Hv * 2 * C);
+  auto* windows = poisoned_device<float>(static_cast<size_t>(kChunks) * Hv);
+  p.inverse = rows;
+  p.inverse_rows_fp16 = true;
+  p.gated_inverse_out = gated;
+  p.chunk_gates = gates;
+  p.chunk_window_terms = windows;
+  cudaError_t err = kern::launch_chunk_inverse<kern::ElemKind::kBF16, I>(p, kern::InverseMerges::kHalf, nullptr);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  out.rows = to_host_and_free(rows, count);
+  out.gated = to_host_and_free(gated, count);
+  out.gates = to_host_and_free(gates, static_cast<size_t>(kChunks) * Hv * 2 * C);
+  out.windows = to_host_and_free(windows, static_cast<size_t>(kChunks) * Hv);
+  if (err != cudaSuccess) std::printf("inverse cache outputs: CUDA error: %s\n", cudaGetErrorString(err));
+  return err == cudaSuccess;
+}
+
+template <typename T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The 16-bit inverse's cache outputs against the fp32 inverse's, byte for byte.
+bool check_cache_outputs(int heads_per_cta, const __nv_bfloat16* k_dev, const float* beta_dev, const float* g_dev) {
+  CacheOutputs half, fp32;
+  if (!cache_outputs<kern::InverseKind::kBF16>(heads_per_cta, k_dev, beta_dev, g_dev, half) ||
+      !cache_outputs<kern::InverseKind::kF32>(heads_per_cta, k_dev, beta_dev, g_dev, fp32))
+    return false;
+  const bool ok = same_bytes(half.rows, fp32.rows) && same_bytes(half.gated, fp32.gated) &&
+                  same_bytes(half.gates, fp32.gates) && same_bytes(half.windows, fp32.windows);
+  std::printf("16-bit inverse's fp16 rows, Ag, gate records, window terms, %d heads per CTA: %s\n", heads_per_cta,
+              ok ? "the fp32 inverse's bytes: ok" : "DIFFER from the fp32 inverse's: FAIL");
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -124,15 +205,18 @@ int main() {
     }
     for (int d = 0; d < D; ++d) k[t * D + d] = __float2bfloat16(row[d] / std::sqrt(norm));
   }
-  std::vector<float> beta(static_cast<size_t>(T) * Hv);
+  std::vector<float> beta(static_cast<size_t>(T) * Hv), g(static_cast<size_t>(T) * Hv);
   for (float& b : beta) b = uniform(rng);
+  for (float& x : g) x = -0.3f * uniform(rng);  // log gates
   const std::vector<double> want = host_inverse(k, beta);
   __nv_bfloat16* k_dev = nullptr;
-  float* beta_dev = nullptr;
+  float *beta_dev = nullptr, *g_dev = nullptr;
   cudaMalloc(&k_dev, k.size() * sizeof(__nv_bfloat16));
   cudaMalloc(&beta_dev, beta.size() * sizeof(float));
+  cudaMalloc(&g_dev, g.size() * sizeof(float));
   cudaMemcpy(k_dev, k.data(), k.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice);
   cudaMemcpy(beta_dev, beta.data(), beta.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(g_dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice);
   bool ok = true;
   for (const int heads_per_cta : {0, 1, 4}) {  // 0: the launcher's choice
     ok &= run<kern::InverseKind::kF32>("A_r in fp32, bf16x3", kern::InverseMerges::kSplit, heads_per_cta, k_dev,
@@ -147,6 +231,7 @@ int main() {
     ok &= same;
     ok &= run<kern::InverseKind::kBF16>("A_r in bf16", kern::InverseMerges::kHalf, heads_per_cta, k_dev, beta_dev,
                                         want, 1e-2);
+    ok &= check_cache_outputs(heads_per_cta, k_dev, beta_dev, g_dev);
   }
   {  // split merges are for the fp32 inverse, in fp32 rows, only: refused for bf16 storage and fp16 rows
     kern::ForwardParams p;
@@ -161,8 +246,20 @@ int main() {
         kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kF32>(p, kern::InverseMerges::kSplit, nullptr);
     std::printf("fp16 rows with split merges: %s\n", split_fp16 == cudaErrorInvalidValue ? "refused: ok" : "NOT refused: FAIL");
     ok &= split_fp16 == cudaErrorInvalidValue;
+    // the 16-bit inverse's fp16 rows only beside Ag, and Ag beside them only
+    const cudaError_t rows_alone =
+        kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kBF16>(p, kern::InverseMerges::kHalf, nullptr);
+    p.inverse_rows_fp16 = false;
+    p.gated_inverse_out = const_cast<__nv_bfloat16*>(k_dev);  // never written: refused before the launch
+    const cudaError_t ag_alone =
+        kern::launch_chunk_inverse<kern::ElemKind::kBF16, kern::InverseKind::kBF16>(p, kern::InverseMerges::kHalf, nullptr);
+    const bool refused = rows_alone == cudaErrorInvalidValue && ag_alone == cudaErrorInvalidValue;
+    std::printf("16-bit inverse, fp16 rows without Ag or Ag beside bf16 rows: %s\n",
+                refused ? "refused: ok" : "NOT refused: FAIL");
+    ok &= refused;
   }
   cudaFree(k_dev);
   cudaFree(beta_dev);
+  cudaFree(g_dev);
   return ok ? 0 : 1;
 }

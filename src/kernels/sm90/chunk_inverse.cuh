@@ -34,7 +34,11 @@
 // 16-byte vectors (entries above the diagonal are written as zeros; the fp32 inverse with fp16 merges
 // writes fp16 rows where p.inverse_rows_fp16 is set, exact); with p.gated_inverse (v4's
 // forward) Ag = G (.) A_r (.) 1 beta^T in the input dtype in their place; the fp32 inverse with
-// p.gated_inverse_out (the backward) writes Ag there as well; where p.chunk_gates is set,
+// p.gated_inverse_out (the backward) writes Ag there as well. InverseT = __half (the forward keeping
+// the inverse cache): the 16-bit inverse's fp16 rows beside Ag (p.gated_inverse_out), the same bytes as
+// the fp32 inverse's with fp16 merges and rows (the same fp16 X tile formed by the same code: the rows
+// are its bits, Ag the same products of its values), at the 16-bit kernel's 5 or 6 CTAs a SM, not 4;
+// where p.chunk_gates is set,
 // the gate warp of head v (warps 4 and 5, during stage 1) also writes its gate record
 // (chunk_gates.cuh: gcum | beta) at [chunk id][h], and
 // where p.chunk_window_terms is set (CP, forward and backward), head v's window term of the chunk
@@ -51,6 +55,9 @@
 
 namespace flashgdn::kern {
 
+// InverseT: the rows' storage: float (the fp32 inverse; fp16 rows where p.inverse_rows_fp16),
+// __nv_bfloat16 (the 16-bit inverse: A_r, or Ag in its place), __half (the 16-bit inverse's fp16 rows,
+// always beside Ag).
 template <typename Elem, typename InverseT, bool kSplitMerges>
 struct ChunkInverse {
   static constexpr int kThreads = 256;
@@ -105,6 +112,17 @@ struct ChunkInverse {
     return heads;
   }
 
+  // Whether Ag is written: beside the rows (the fp32 inverse's where p.gated_inverse_out is set, always
+  // beside the fp16 rows of InverseT = __half) or in their place (p.gated_inverse, bf16 rows).
+  static __device__ __forceinline__ bool writes_ag(const ForwardParams& p) {
+    if constexpr (std::is_same_v<InverseT, float>)
+      return p.gated_inverse_out != nullptr;
+    else if constexpr (std::is_same_v<InverseT, __half>)
+      return true;
+    else
+      return p.gated_inverse;
+  }
+
   // kOneHead: the build for one v-head a CTA (chunk_inverse_ctas_per_sm's 6-CTA kernel, launched only
   // where a CTA takes one head): the head loop's single pass at compile time (no loop counter live
   // through it, no trailing barrier; the solves fit its 40 registers).
@@ -136,7 +154,7 @@ struct ChunkInverse {
       }
     }
     cp_async_commit();
-    const bool gated = std::is_same_v<InverseT, float> ? p.gated_inverse_out != nullptr : p.gated_inverse;
+    const bool gated = writes_ag(p);
     // The gates too (the forward's calls, the backward's pre-pass): warps 4 and 5, which hold no tile in
     // stage 1, load heads v = warp - 4 and warp - 2's raw words here (fetch_raw_chunk_gates: no use
     // before the barrier, so the loads stay in flight across it) and decode and store them beside
@@ -292,6 +310,8 @@ struct ChunkInverse {
           write_fp32_rows(p, s, h);
           if (gated) write_rows<Elem, true>(p.gated_inverse_out, nullptr, p, s, h, v);
         }
+      } else if constexpr (std::is_same_v<InverseT, __half>) {
+        write_rows<__half, false, Elem>(p.inverse, p.gated_inverse_out, p, s, h, v);
       } else if (gated) {
         write_rows<Elem, true>(p.inverse, nullptr, p, s, h, v);
       } else {
@@ -387,9 +407,10 @@ struct ChunkInverse {
   // per element (masked to t <= s, where the power may overflow); below them the exponent splits at the
   // block column's last token e = 16 C + 15 (t <= e < s): 2^(gcum_s - gcum_e) once per vector times
   // col_factor[t] = 2^(gcum_e - gcum_t) beta_t, both exponents <= 0 (no overflow; a product below
-  // fp32's range is 0 either way). Out2 (not void: the backward's fp16 rows, Out = __half unscaled)
-  // also writes Ag in Out2 into `dst2` from the same X vector. fp16 rows of the fp16 X tile are copied
-  // as they are (the fp32 round trip is exact).
+  // fp32's range is 0 either way). Out2 (not void: the fp16 rows of the backward or of the inverse
+  // cache, Out = __half unscaled) also writes Ag in Out2 into `dst2` from the same X vector, after the
+  // rows (stored first: their words are dead through the gating, which fits the 16-bit kernels'
+  // 48 registers so). fp16 rows of the fp16 X tile are copied as they are (the fp32 round trip is exact).
   template <typename Out, bool kGated, typename Out2 = void>
   static __device__ __forceinline__ void write_rows(void* dst, void* dst2, const ForwardParams& p,
                                                     const SharedStorage& s, int h, int v) {
@@ -432,12 +453,12 @@ struct ChunkInverse {
       } else {
         s.x.values(row, col0, x);
       }
+      if constexpr (kSecond) store_global_16(out, words[0], words[1], words[2], words[3]);
       if constexpr (kGated || kSecond) gate_vector(s, v, row, col0, block_row, block_col, x);
       if constexpr (kSecond) {
         uint32_t gated_words[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) gated_words[j] = pack_pair<Out2>(x[2 * j], x[2 * j + 1]);
-        store_global_16(out, words[0], words[1], words[2], words[3]);
         store_global_16(static_cast<Out2*>(dst2) + offset, gated_words[0], gated_words[1], gated_words[2],
                         gated_words[3]);
       } else {
@@ -478,9 +499,10 @@ struct ChunkInverse {
 };
 
 // CTAs per SM (launch bounds): the fp32 inverse 4 (it spills at 48 registers, with either merges); the
-// 16-bit one 6 (40 registers) where a CTA takes one v-head, else 5 (48). Measured on the H200 (session
-// 28, 6 against 5): one head a CTA -3.8% at 1x32768 (16,16) and -2.8% at 1x8192 (16,16); four heads a
-// CTA +5..+9% at 1x32768 (2,8) (a longer CTA, 1024 of them: the last wave's tail grows).
+// 16-bit one (bf16 rows, or fp16 rows beside Ag) 6 (40 registers) where a CTA takes one v-head, else 5
+// (48). Measured on the H200 (session 28, 6 against 5): one head a CTA -3.8% at 1x32768 (16,16) and
+// -2.8% at 1x8192 (16,16); four heads a CTA +5..+9% at 1x32768 (2,8) (a longer CTA, 1024 of them: the
+// last wave's tail grows).
 template <typename InverseT>
 constexpr int chunk_inverse_ctas_per_sm(int heads_per_cta) {
   return std::is_same_v<InverseT, float> ? 4 : heads_per_cta == 1 ? 6 : 5;

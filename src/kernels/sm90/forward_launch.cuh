@@ -18,11 +18,12 @@
 
 namespace flashgdn::kern {
 
-template <ElemKind E, InverseKind I, bool kSplitMerges, int kCtasPerSm>
+// InverseT: ChunkInverse's rows (float, __nv_bfloat16, or __half beside Ag).
+template <ElemKind E, typename InverseT, bool kSplitMerges, int kCtasPerSm>
 cudaError_t launch_chunk_inverse_grid(const ForwardParams& grouped, cudaStream_t stream) {
-  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
+  using Kernel = ChunkInverse<ElemType<E>, InverseT, kSplitMerges>;
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
-  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseType<I>, kSplitMerges, kCtasPerSm>;
+  auto* kernel = chunk_inverse_kernel<ElemType<E>, InverseT, kSplitMerges, kCtasPerSm>;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
@@ -38,9 +39,9 @@ cudaError_t launch_chunk_inverse_grid(const ForwardParams& grouped, cudaStream_t
 
 // The v-heads a CTA (p.inverse_heads_per_cta, or the launcher's choice), then the kernel built for as
 // many CTAs a SM as suit them (chunk_inverse_ctas_per_sm).
-template <ElemKind E, InverseKind I, bool kSplitMerges>
+template <ElemKind E, typename InverseT, bool kSplitMerges>
 cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t stream) {
-  using Kernel = ChunkInverse<ElemType<E>, InverseType<I>, kSplitMerges>;
+  using Kernel = ChunkInverse<ElemType<E>, InverseT, kSplitMerges>;
   int device = 0, sms = 0;
   if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (auto err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) return err;
@@ -48,26 +49,30 @@ cudaError_t launch_chunk_inverse_kernel(const ForwardParams& p, cudaStream_t str
   if (p.inverse_heads_per_cta <= 0) grouped.inverse_heads_per_cta = Kernel::heads_per_cta(p, 2 * static_cast<int64_t>(sms));
   else if (p.inverse_heads_per_cta > Kernel::kMaxHeadsPerCta)
     return cudaErrorInvalidValue;
-  constexpr int one_head = chunk_inverse_ctas_per_sm<InverseType<I>>(1);
-  constexpr int more_heads = chunk_inverse_ctas_per_sm<InverseType<I>>(2);
+  constexpr int one_head = chunk_inverse_ctas_per_sm<InverseT>(1);
+  constexpr int more_heads = chunk_inverse_ctas_per_sm<InverseT>(2);
   const int heads = std::min(grouped.inverse_heads_per_cta, p.num_v_heads / p.num_qk_heads);  // a CTA's, at most
-  if (heads == 1) return launch_chunk_inverse_grid<E, I, kSplitMerges, one_head>(grouped, stream);
-  return launch_chunk_inverse_grid<E, I, kSplitMerges, more_heads>(grouped, stream);
+  if (heads == 1) return launch_chunk_inverse_grid<E, InverseT, kSplitMerges, one_head>(grouped, stream);
+  return launch_chunk_inverse_grid<E, InverseT, kSplitMerges, more_heads>(grouped, stream);
 }
 
 // Split merges only for the fp32 inverse (a 16-bit inverse gains nothing from them), written in fp32.
+// The 16-bit inverse with p.inverse_rows_fp16 (the forward keeping the inverse cache): the fp32
+// inverse's fp16 rows and Ag (p.gated_inverse_out, required), the same bytes, by its __half build.
 template <ElemKind E, InverseKind I>
 cudaError_t launch_chunk_inverse(const ForwardParams& p, InverseMerges merges, cudaStream_t stream) {
   if (p.max_chunks == 0 || p.num_v_heads == 0) return cudaSuccess;
   if constexpr (I == InverseKind::kF32) {
     if (merges == InverseMerges::kSplit) {  // its X is not fp16-exact: fp32 rows only
       if (p.inverse_rows_fp16) return cudaErrorInvalidValue;
-      return launch_chunk_inverse_kernel<E, I, true>(p, stream);
+      return launch_chunk_inverse_kernel<E, float, true>(p, stream);
     }
   } else {
-    if (merges == InverseMerges::kSplit) return cudaErrorInvalidValue;
+    if (merges == InverseMerges::kSplit || p.inverse_rows_fp16 != (p.gated_inverse_out != nullptr))
+      return cudaErrorInvalidValue;
+    if (p.inverse_rows_fp16) return launch_chunk_inverse_kernel<E, __half, false>(p, stream);
   }
-  return launch_chunk_inverse_kernel<E, I, false>(p, stream);
+  return launch_chunk_inverse_kernel<E, InverseType<I>, false>(p, stream);
 }
 
 // One CTA of Kernel per (sequence or segment, v-head x ctas_per_head[, S* / M in the CP state pass]);

@@ -70,10 +70,13 @@ struct ForwardParams {
   // KernelRounding::prepass_states). Beside gated_inverse: in its padding.
   bool exact_state_update = false;
   void* gated_inverse_out = nullptr;  // the fp32 chunk inverse writes Ag there too, in the input dtype
-                                      // (the backward: fp32 A_r for itself, Ag for its v4 pre-pass)
+                                      // (the backward: fp32 A_r for itself, Ag for its v4 pre-pass); the
+                                      // 16-bit one too, with inverse_rows_fp16 only
   bool inverse_rows_fp16 = false;     // the fp32 chunk inverse with fp16 merges writes A_r's rows in fp16
                                       // (exact: its merges hold X in fp16), as the backward's gradient
-                                      // pass reads them; half the bytes of fp32 rows
+                                      // pass reads them; half the bytes of fp32 rows. The 16-bit inverse
+                                      // writes the same bytes (fp16 rows and Ag; gated_inverse_out
+                                      // required: the forward keeping the inverse cache)
   int32_t inverse_heads_per_cta = 0;  // chunk inverse: v-heads of one q/k head per CTA, 1-4; 0: its
                                       // launcher chooses (ChunkInverse::heads_per_cta)
   float* chunk_gates = nullptr;      // [chunk id][hv][gcum 64 | beta 64] fp32 (chunk_gates.cuh), written
