@@ -444,8 +444,9 @@ struct FusedForwardInv {
       timeline_mark(p, 1, c, 2);
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c, h,
-                                               group, st, st_frag, vd, o, [] {
+      const int64_t left = item.eos - (item.bos + c * kChunk);  // the chunk's tokens, if fewer than kChunk
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c,
+                                               left < kChunk ? static_cast<int>(left) : kChunk, h, group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();
                                                    asm volatile("bar.sync %0, 256;\n" ::"n"(kStateBarrier) : "memory");

@@ -508,7 +508,7 @@ struct FusedForwardRs {
   // column (token) 16 ks + 8 (q / 2) + c_lane (+ 1); the gates are read only now: beside S^T's pinned
   // fragments their registers would not fit; Gates: GatesFromTables or v5's GateTables); before_update();
   // S^T += (rho Vd)^T K and O^T += Vd^T P^T; chunk c-1's o out under them; free; S^T's fragments, o
-  // staged, the checkpoint.
+  // staged, the checkpoint (rows: the chunk's tokens, kChunk but in an item's last chunk).
   // folded (a folded chunk, never with kExactUpdate): P is Q K^T masked without its gates, so
   // O^T = (QS^T + Vd^T diag(2^-gcum) P^T) diag(2^gcum): QS^T keeps its columns until the update's
   // wgmmas are done, then they take 2^gcum (the same count of multiplies, after the update instead of
@@ -519,11 +519,10 @@ struct FusedForwardRs {
   template <bool kWithO, bool kExactUpdate, Fold kFold = Fold::kP, bool kStateDecayed = false, typename Gates,
             typename BeforeUpdate>
   static __device__ __forceinline__ void finish_chunk(const ForwardParams& p, const WorkItem& item, const ChunkEnd& at,
-                                                      const Gates& gates, int64_t c, int h, int group, StateAcc& st,
-                                                      Fragments (&st_frag)[8], Acc& vd, Acc& o,
+                                                      const Gates& gates, int64_t c, int rows, int h, int group,
+                                                      StateAcc& st, Fragments (&st_frag)[8], Acc& vd, Acc& o,
                                                       BeforeUpdate&& before_update, bool folded = false) {
     const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
-    const int64_t t0 = item.bos + c * kChunk;
     Fragments vd_decayed[4], vd_plain[4];
     if (kWithO && kFold == Fold::kP && folded) {
       const float inv_gamma = exp2_approx(-gates.gamma());  // 2^-gcum[t] = rho_t 2^-gamma
@@ -640,8 +639,7 @@ struct FusedForwardRs {
       else
         stage_o(staging, at.o_lanes, [&](int j, int e) { return p.scale * o[4 * j + e]; });
     }
-    const int64_t left = item.eos - t0;
-    store_checkpoint(p, item, c, left < kChunk ? static_cast<int>(left) : kChunk, h, col0, st);
+    store_checkpoint(p, item, c, rows, h, col0, st);
     if constexpr (kWithO) Aux::group_sync(2 + group);  // o[c % 2] written, and chunk c-1's copy of o[(c-1) % 2] done
     timeline_mark(p, 1, c, 5);
   }
@@ -740,22 +738,29 @@ struct FusedForwardRs {
   template <bool kWithO, bool kExactUpdate = false>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
-    const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
+    // 32-bit chunk steps (aux_loop's): the item's last chunk, the one that may be partial, has
+    // last_rows rows; per chunk one compare, no 64-bit row math
+    const int num_chunks = static_cast<int>((item.eos - item.bos + kChunk - 1) / kChunk);
+    const int last_rows = static_cast<int>(item.eos - item.bos - static_cast<int64_t>(num_chunks - 1) * kChunk);
     StateAcc st;
     Fragments st_frag[8];
     start_item(p, item, group, st, st_frag);
 
     const bool save_states = !kWithO && p.chunk_states != nullptr;
+    // The chunk whose entering state gives <dS_T, S> (a sequence's last), -1 if none
+    const int grad_dot_step = item.sequence_end && p.final_grad_dots != nullptr ? num_chunks - 1 : -1;
+    // chunk_states' rows of chunk c: group_rows of chunk 0, one [Hv][128][128] block on a chunk
+    Elem* states_rows = save_states ? group_rows(p.chunk_states, item.first_chunk_id, p.num_v_heads, h, group) : nullptr;
+    const int64_t states_step = static_cast<int64_t>(p.num_v_heads) * (kHeadDim * kHeadDim);
     const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
     const uint32_t out_lanes = kWithO ? o_lanes() : 0;
 #pragma unroll 1
-    for (int64_t c = 0; c < num_chunks; ++c) {
+    for (int c = 0; c < num_chunks; ++c) {
       if (save_states) {
         if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging
         stage_state(s.o[group], st_frag);
         Aux::group_sync(2 + group);
-        if (c == num_chunks - 1 && item.sequence_end && p.final_grad_dots != nullptr)
-          store_final_grad_dot(p, item, item.first_chunk_id + c, h, group, st);
+        if (c == grad_dot_step) store_final_grad_dot(p, item, item.first_chunk_id + c, h, group, st);
       }
       const int buf = wait_ready(p, s.ready, c);
       const Slot& slot = s.slot[buf];
@@ -773,14 +778,16 @@ struct FusedForwardRs {
       }
       if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
       wg::commit();
-      if (save_states)
-        copy_staged_state(group_rows(p.chunk_states, item.first_chunk_id + c, p.num_v_heads, h, group), s.o[group]);
+      if (save_states) {
+        copy_staged_state(states_rows, s.o[group]);
+        states_rows += states_step;
+      }
       wg::wait<0>();
       wg::fence_operand(vd);
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows, out_lanes}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, h, group, st, st_frag, vd, o,
+      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows, out_lanes}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
