@@ -383,7 +383,7 @@ struct FusedForwardInv {
         for (int ks = 0; ks < 8; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(u, st_frag[ks], wg::k_step<Major::kK>(k0, 16 * ks, kChunk), ks > 0);
       }
-      if constexpr (kWithO) Rs::issue_qs(o, st_frag, slot.q);
+      if constexpr (kWithO) Rs::issue_qs(o, st_frag, wg::pinned_descriptor<Major::kK>(slot.q, kChunk));
       wg::commit();
       wg::wait<0>();
       wg::fence_operand(u);
@@ -445,7 +445,7 @@ struct FusedForwardInv {
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
       const int64_t left = item.eos - (item.bos + c * kChunk);  // the chunk's tokens, if fewer than kChunk
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {k, slot.p, s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c,
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {static_cast<uint32_t>(wg::encode(smem_addr(k))), static_cast<uint32_t>(wg::encode(smem_addr(slot.p))), s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c,
                                                left < kChunk ? static_cast<int>(left) : kChunk, h, group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

@@ -439,11 +439,12 @@ struct FusedForwardRs {
   };
 
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
-  // fused_forward_inv.cuh): the chunk's K and P tiles, the o staging pair and the slot's free barrier;
-  // and this thread's o vectors (o_rows) and o panel offsets (o_lanes), with o.
+  // fused_forward_inv.cuh): the chunk's K and P tiles (their shared addresses / 16, wg::encode: the
+  // words of their descriptors), the o staging pair and the slot's free barrier; and this thread's o
+  // vectors (o_rows) and o panel offsets (o_lanes), with o.
   struct ChunkEnd {
-    const unsigned char* k;
-    const unsigned char* p;
+    uint32_t k_word;
+    uint32_t p_word;
     unsigned char (*o)[kTokenTileBytes];
     uint64_t* free;
     int64_t o_rows;
@@ -589,7 +590,7 @@ struct FusedForwardRs {
     }
     before_update();
     wg::fence();
-    const uint64_t k0 = wg::pinned_descriptor<Major::kMN>(at.k, kChunk);
+    const uint64_t k0 = wg::pinned_descriptor_from_word<Major::kMN>(at.k_word, kChunk);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       wg::mma_rs<Elem, 128, Major::kMN>(st, vd_decayed[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
@@ -599,7 +600,7 @@ struct FusedForwardRs {
         wg::mma_rs<Elem, 128, Major::kMN>(st, vd_plain[ks], wg::k_step<Major::kMN>(k0, 16 * ks, kChunk), true);
     }
     if constexpr (kWithO) {
-      const uint64_t p0 = wg::pinned_descriptor<Major::kK>(at.p, kChunk);
+      const uint64_t p0 = wg::pinned_descriptor_from_word<Major::kK>(at.p_word, kChunk);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 64, Major::kK>(o, vd_plain[ks], wg::k_step<Major::kK>(p0, 16 * ks, kChunk), true);
@@ -661,9 +662,8 @@ struct FusedForwardRs {
   }
 
   // QS^T [64,64] = S^T [64,128] @ Q^T [128,64] into o, issued (the caller commits): S^T's A fragments
-  // against the slot's Q panel (a pinned descriptor advanced by k-steps: one add a wgmma).
-  static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], const unsigned char* q) {
-    const uint64_t q0 = wg::pinned_descriptor<Major::kK>(q, kChunk);
+  // against the slot's Q panel, from its pinned descriptor q0 (k-step 0) advanced by k-steps: one add a wgmma.
+  static __device__ __forceinline__ void issue_qs(Acc& o, const Fragments (&st_frag)[8], uint64_t q0) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)
       wg::mma_rs<Elem, 64, Major::kK>(o, st_frag[ks], wg::k_step<Major::kK>(q0, 16 * ks, kChunk), ks > 0);
@@ -754,6 +754,10 @@ struct FusedForwardRs {
     const int64_t states_step = static_cast<int64_t>(p.num_v_heads) * (kHeadDim * kHeadDim);
     const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
     const uint32_t out_lanes = kWithO ? o_lanes() : 0;
+    // Slot 0's shared address / 16 (the dS pass's descriptor words): slot buf's tile t lies at this
+    // + buf sizeof(Slot) / 16 + offsetof(t) / 16, constants but for buf, so a product's descriptor is
+    // one add to it, not the tile address's masking chain per product and chunk
+    const uint32_t slot0_word = static_cast<uint32_t>(wg::encode(smem_addr(&s.slot[0])));
 #pragma unroll 1
     for (int c = 0; c < num_chunks; ++c) {
       if (save_states) {
@@ -763,20 +767,30 @@ struct FusedForwardRs {
         if (c == grad_dot_step) store_final_grad_dot(p, item, item.first_chunk_id + c, h, group, st);
       }
       const int buf = wait_ready(p, s.ready, c);
-      const Slot& slot = s.slot[buf];
+      const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
+      // a tile's descriptor at k-step 0, pinned (its k-steps: one add each); offset: its bytes into the slot
+      const auto pinned = [&](auto major, uint32_t offset) {
+        return wg::pinned_descriptor_from_word<decltype(major)::value>(slot_word + offset / 16, kChunk);
+      };
+      using KMajor = std::integral_constant<Major, Major::kK>;
+      using MnMajor = std::integral_constant<Major, Major::kMN>;
 
       // Vd^T = V^T Ag^T + S^T (-W~)^T; QS^T = S^T Q^T.
       Acc vd, o;
       wg::fence();
-      wg::mma_ss_k<Elem, 64, Major::kMN, Major::kK, kChunk, true>(vd, slot.v + group * kPanelBytes, kChunk, slot.ag,
-                                                                   kChunk, false);
       {
-        const uint64_t w0 = wg::pinned_descriptor<Major::kK>(slot.w_neg, kChunk);
+        const uint64_t v0 = pinned(MnMajor{}, offsetof(Slot, v) + group * kPanelBytes);
+        const uint64_t ag0 = pinned(KMajor{}, offsetof(Slot, ag));
+#pragma unroll
+        for (int k0 = 0; k0 < kChunk; k0 += 16)
+          wg::mma_ss<Elem, 64, Major::kMN, Major::kK>(vd, wg::k_step<Major::kMN>(v0, k0, kChunk),
+                                                      wg::k_step<Major::kK>(ag0, k0, kChunk), k0 > 0);
+        const uint64_t w0 = pinned(KMajor{}, offsetof(Slot, w_neg));
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
           wg::mma_rs<Elem, 64, Major::kK>(vd, st_frag[ks], wg::k_step<Major::kK>(w0, 16 * ks, kChunk), true);
       }
-      if constexpr (kWithO) issue_qs(o, st_frag, slot.q);
+      if constexpr (kWithO) issue_qs(o, st_frag, pinned(KMajor{}, offsetof(Slot, q)));
       wg::commit();
       if (save_states) {
         copy_staged_state(states_rows, s.o[group]);
@@ -787,7 +801,9 @@ struct FusedForwardRs {
       wg::fence_operand(o);
       timeline_mark(p, 1, c, 2);
 
-      finish_chunk<kWithO, kExactUpdate>(p, item, {slot.k, slot.p, s.o, &s.free[buf], out_rows, out_lanes}, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st, st_frag, vd, o,
+      const ChunkEnd at{slot_word + static_cast<uint32_t>(offsetof(Slot, k) / 16),
+                        slot_word + static_cast<uint32_t>(offsetof(Slot, p) / 16), s.o, &s.free[buf], out_rows, out_lanes};
+      finish_chunk<kWithO, kExactUpdate>(p, item, at, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st, st_frag, vd, o,
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
