@@ -23,8 +23,8 @@
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
 //         next sequence or garbage); P (a folded chunk, folds_gates: Q K^T masked, without G);
-//         the gate tables scale 2^gcum[t] and rho_t (write_gate_tables); -B~ = -Ag diag(Gamma) from Ag's
-//         fragments (ldmatrix); -W~; ready[c % 2].
+//         the gate tables scale 2^gcum[t], rho_t and 2^gcum[t] (write_gate_tables); -B~ = -Ag diag(Gamma)
+//         from Ag's fragments (ldmatrix) and the last table; -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -41,8 +41,8 @@
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
 // Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
-// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, o_scale, rho
-// [2][64] fp32 (o_scale, rho: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
+// group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, o_scale, rho,
+// decay [2][64] fp32 (o_scale, rho, decay: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
 // (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
@@ -94,6 +94,7 @@ struct FusedForwardRs {
     alignas(16) float beta[2][kChunk];
     alignas(16) float o_scale[2][kChunk];  // p.scale 2^gcum[t]       (the aux group, from gcum: write_gate_tables)
     alignas(16) float rho[2][kChunk];      // 2^(gcum[63] - gcum[t])
+    alignas(16) float decay[2][kChunk];    // 2^gcum[t]                (the aux group's own: -B~'s column factors)
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];
@@ -148,18 +149,21 @@ struct FusedForwardRs {
   }
 
   // P and -W~ of chunk c into `slot` (Ag arrived there from the chunk inverse, gated): -B~ = -Ag
-  // diag(Gamma), Ag's fragments with column t scaled by -e^{g_t}. between() runs after P.
+  // diag(Gamma), Ag's fragments with column t scaled by -e^{g_t}, read from the decay table
+  // (write_gate_tables: one ex2 a thread, not 16; the group's barrier after between()). between()
+  // runs after P.
   // P = |scale| G (.) QK^T with log2_scale = log2 |scale| in its exponent (no multiply), o's other term
   // taking scale from the o_scale table (GatesFromTables; finish_chunk negates P's operand for a
   // negative scale); a folded chunk's P stays unscaled (its o columns take scale 2^gcum after O's wgmmas).
   template <typename Between>
   static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
-                                                        float log2_scale, bool with_o, int64_t c, Between&& between) {
+                                                        const float* decay, float log2_scale, bool with_o, int64_t c,
+                                                        Between&& between) {
     const int r = Tiles::acc_row(0);
-    const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
-    float g_col[16];
-    Aux::column_values(gcum, g_col);
     if (with_o) {
+      const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
+      float g_col[16];
+      Aux::column_values(gcum, g_col);
       if (folds_gates(gcum))
         Aux::template product_p<false>(slot, g_rows, g_col);
       else
@@ -167,6 +171,9 @@ struct FusedForwardRs {
     }
     timeline_mark(p, 0, c, 4);
     between();
+    Aux::group_sync(Aux::kAuxBarrier);  // the decay table written
+    float decay_col[16];
+    Aux::column_values(decay, decay_col);
     uint32_t b_tilde[4][4];
     panel_fragments(slot.ag, b_tilde);
 #pragma unroll
@@ -175,7 +182,7 @@ struct FusedForwardRs {
       for (int q = 0; q < 4; ++q) {
         const int at = 4 * ks + 2 * (q / 2);  // columns 16 ks + 8 (q / 2) + c_lane (+ 1)
         const float2 ag = unpack(b_tilde[ks][q]);
-        b_tilde[ks][q] = pack_pair<Elem>(-exp2_approx(g_col[at]) * ag.x, -exp2_approx(g_col[at + 1]) * ag.y);
+        b_tilde[ks][q] = pack_pair<Elem>(-decay_col[at] * ag.x, -decay_col[at + 1] * ag.y);
       }
     timeline_mark(p, 0, c, 5);
     Aux::product_w_neg(slot, b_tilde);
@@ -281,15 +288,17 @@ struct FusedForwardRs {
     timeline_mark(p, 0, 0, 11);
   }
 
-  // Aux thread i: scale 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's tables
-  // (GatesFromTables), read by the state groups after ready: one ex2 a thread here instead of 32 a
-  // state thread.
+  // Aux thread i: scale 2^gcum[i] and 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's
+  // tables (GatesFromTables; decay: chunk_products' -B~), read by the state groups after ready: one
+  // ex2 a thread here instead of 32 a state thread.
   static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int buf, float scale) {
     const int i = threadIdx.x % 128, t = i % kChunk;
     const float g = s.gcum[buf][t];
-    if (i < kChunk)
-      s.o_scale[buf][t] = scale * exp2_approx(g);
-    else
+    if (i < kChunk) {
+      const float decay = exp2_approx(g);
+      s.decay[buf][t] = decay;
+      s.o_scale[buf][t] = scale * decay;
+    } else
       s.rho[buf][t] = exp2_approx(s.gcum[buf][kChunk - 1] - g);
   }
 
@@ -302,7 +311,7 @@ struct FusedForwardRs {
                    [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
       write_gate_tables(s, buf, p.scale);
-      chunk_products(p, s.slot[buf], s.gcum[buf], log2_scale, with_o, c, issue_next_if_free);
+      chunk_products(p, s.slot[buf], s.gcum[buf], s.decay[buf], log2_scale, with_o, c, issue_next_if_free);
       wg::fence_shared_to_async();  // the products, for the state groups' wgmmas
     });
   }
