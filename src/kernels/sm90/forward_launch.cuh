@@ -108,9 +108,10 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (std::is_same_v<InverseT, float>)
       return cudaErrorInvalidValue;
     else {
-      ForwardTileMaps maps;  // the TMA descriptors of q, k, v and the gated inverse
+      ForwardTileMaps maps;  // the TMA descriptors of q, k, v, the gated inverse and chunk_states
       if (!p.gated_inverse || p.chunk_gates == nullptr ||
-          encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS)
+          encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS ||
+          (p.chunk_states != nullptr && encode_states_map(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS))
         return cudaErrorInvalidValue;
       if (p.exact_state_update) {  // the backward's pre-pass: never o
         if (p.o != nullptr) return cudaErrorInvalidValue;

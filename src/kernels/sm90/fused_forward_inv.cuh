@@ -353,9 +353,11 @@ struct FusedForwardInv {
     }
   }
 
-  // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
+  // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o). The kernel's
+  // maps: the roles' common entry (Rs::run_kernel); v5's state groups use none.
   template <bool kWithO>
-  static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
+  static __device__ __forceinline__ void run_state(const ForwardParams& p, const ForwardTileMaps&, SharedStorage& s,
+                                                   int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 

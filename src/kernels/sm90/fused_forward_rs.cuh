@@ -46,9 +46,10 @@
 // (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
-// stages S^T's Elem fragments (the state entering the chunk) in its o staging and copies them to
-// chunk_states under the chunk's first wgmmas; at a sequence's last chunk, with p.final_grad, it
-// also sums <dS_T, S> with S in fp32 (store_final_grad_dot).
+// stages S^T's Elem fragments (the state entering the chunk) in its o staging, which one of its
+// threads stores to chunk_states by TMA (ForwardTileMaps::states) under the chunk's first wgmmas; at
+// a sequence's last chunk, with p.final_grad, it also sums <dS_T, S> with S in fp32
+// (store_final_grad_dot).
 #pragma once
 
 #include "kernels/sm90/fused_forward_ws.cuh"
@@ -691,32 +692,18 @@ struct FusedForwardRs {
 
   // The backward's chunk-state pass writes no o, so a state group's o staging (o[group], 16 KiB)
   // holds S^T entering chunk c on its way to chunk_states[chunk id][h] (rows v = 64 group ..; the
-  // backward's dS pass stages dS^T the same way and stores the two panels by TMA): stage_state puts
-  // the state's fragments there by
+  // backward's dS pass stages dS^T the same way): stage_state puts the state's fragments there by
   // stmatrix (two 128B-swizzled panels, key columns 64 p ..; k-step ks is column block 2 (ks % 4) of
-  // panel ks / 4), copy_staged_state copies them to the group's 64 rows of a [128][128] block in
-  // 16-byte vectors (thread t: vectors t, t + 128, ..., row v / 16, columns 8 (v % 16) ..; a warp
-  // writes two whole 256-byte rows per step), issued under the chunk's wgmmas.
+  // panel ks / 4), the layout of a TMA box of 64 rows x 64 columns, so that one thread of the group
+  // (kStagingStorer) stores the two panels by TMA under the chunk's wgmmas.
   static __device__ __forceinline__ void stage_state(unsigned char* staging, const Fragments (&frag)[8]) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)
       stmatrix_x4(Tiles::fragment_rows(staging + (ks / 4) * kPanelBytes, 0, 2 * (ks % 4)), frag[ks]);
   }
-  static __device__ __forceinline__ void copy_staged_state(Elem* out_rows, const unsigned char* staging) {
-    // vector t + 128 i is row t / 16 + 8 i, vec t % 16: 8 rows on, the same swizzle (row % 8), so both
-    // addresses are thread t's first plus a constant (immediate offsets)
-    const int t = threadIdx.x % 128, row = t / 16, vec = t % 16;
-    Elem* dst = out_rows + 8 * t;
-    const unsigned char* src = staging + (vec / 8) * kPanelBytes + wg::swizzled_offset(row, (vec % 8) * 8);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      *reinterpret_cast<uint4*>(dst + 8 * i * kHeadDim) = *reinterpret_cast<const uint4*>(src + 8 * i * 128);
-  }
-  // Group `group`'s first row of the [128][128] block of (chunk id, h) in a per-chunk state table.
-  static __device__ __forceinline__ Elem* group_rows(void* table, int64_t chunk_id, int num_v_heads, int h,
-                                                     int group) {
-    return static_cast<Elem*>(table) + (chunk_id * num_v_heads + h) * (kHeadDim * kHeadDim) + 64 * group * kHeadDim;
-  }
+  // The thread of a state group that stores its staged S^T (the dS pass's: warp 1's lane 0, whose SM
+  // sub-partition holds the aux group's lightest warp; warp 0's holds the aux's TMA issue)
+  static constexpr int kStagingStorer = 32;
 
   // The backward's pre-pass (ForwardParams::final_grad): <dS_T, S> over this group's rows of S^T
   // entering a sequence's last chunk, in fp32, as the group's 4 warps' partials of the chunk's 8.
@@ -745,7 +732,8 @@ struct FusedForwardRs {
   // kWithO: the main pass (o written); without, the CP state pass (no Q: no QS, P Vd, o).
   // kExactUpdate (without o): the state update's operand as hi + lo.
   template <bool kWithO, bool kExactUpdate = false>
-  static __device__ __forceinline__ void run_state(const ForwardParams& p, SharedStorage& s, int h, int group) {
+  static __device__ __forceinline__ void run_state(const ForwardParams& p, const ForwardTileMaps& maps,
+                                                   SharedStorage& s, int h, int group) {
     const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
     // 32-bit chunk steps (aux_loop's): the item's last chunk, the one that may be partial, has
     // last_rows rows; per chunk one compare, no 64-bit row math
@@ -758,9 +746,12 @@ struct FusedForwardRs {
     const bool save_states = !kWithO && p.chunk_states != nullptr;
     // The chunk whose entering state gives <dS_T, S> (a sequence's last), -1 if none
     const int grad_dot_step = item.sequence_end && p.final_grad_dots != nullptr ? num_chunks - 1 : -1;
-    // chunk_states' rows of chunk c: group_rows of chunk 0, one [Hv][128][128] block on a chunk
-    Elem* states_rows = save_states ? group_rows(p.chunk_states, item.first_chunk_id, p.num_v_heads, h, group) : nullptr;
-    const int64_t states_step = static_cast<int64_t>(p.num_v_heads) * (kHeadDim * kHeadDim);
+    // S^T entering chunk c goes to maps.states' rows states_row .. (its [Hv][128] block of chunk_states,
+    // the group's 64 rows), one block on a chunk
+    const bool storer = threadIdx.x % 128 == kStagingStorer;
+    if (save_states && storer) tma::prefetch_map(&maps.states);
+    int states_row = static_cast<int>((item.first_chunk_id * p.num_v_heads + h) * kHeadDim) + 64 * group;
+    const int states_step = p.num_v_heads * kHeadDim;
     const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
     const uint32_t out_lanes = kWithO ? o_lanes() : 0;
     // Slot 0's shared address / 16 (the dS pass's descriptor words): slot buf's tile t lies at this
@@ -770,9 +761,12 @@ struct FusedForwardRs {
 #pragma unroll 1
     for (int c = 0; c < num_chunks; ++c) {
       if (save_states) {
-        if (c > 0) Aux::group_sync(2 + group);  // chunk c-1's copy has read the staging
-        stage_state(s.o[group], st_frag);
+        // chunk c-1's stores have read the staging (the wait a no-op but in the storer, and at c = 0:
+        // no branches)
+        tma::wait_bulk_read<0>();
         Aux::group_sync(2 + group);
+        stage_state(s.o[group], st_frag);
+        wg::fence_shared_to_async();  // the stmatrix, for the stores
         if (c == grad_dot_step) store_final_grad_dot(p, item, item.first_chunk_id + c, h, group, st);
       }
       const int buf = wait_ready(p, s.ready, c);
@@ -802,8 +796,13 @@ struct FusedForwardRs {
       if constexpr (kWithO) issue_qs(o, st_frag, pinned(KMajor{}, offsetof(Slot, q)));
       wg::commit();
       if (save_states) {
-        copy_staged_state(states_rows, s.o[group]);
-        states_rows += states_step;
+        Aux::group_sync(2 + group);  // the group's stmatrix, before the stores (here: under the wgmmas)
+        if (storer) {
+          tma::store_2d(&maps.states, s.o[group], 0, states_row);
+          tma::store_2d(&maps.states, s.o[group] + kPanelBytes, 64, states_row);
+          tma::commit_bulk();
+        }
+        states_row += states_step;
       }
       wg::wait<0>();
       wg::fence_operand(vd);
@@ -816,6 +815,7 @@ struct FusedForwardRs {
                            [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
+    if (save_states && storer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
   }
 
   // The entry of v4 (Kernel = FusedForwardRs) and v5 (FusedForwardInv): Kernel's roles over its
@@ -829,11 +829,11 @@ struct FusedForwardRs {
         p, s, [&](bool with_o, int hk, int h) { Kernel::run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
           if constexpr (kExactUpdate)
-            Kernel::template run_state<false, true>(p, s, h, group);
+            Kernel::template run_state<false, true>(p, maps, s, h, group);
           else if (with_o)
-            Kernel::template run_state<true>(p, s, h, group);
+            Kernel::template run_state<true>(p, maps, s, h, group);
           else
-            Kernel::template run_state<false>(p, s, h, group);
+            Kernel::template run_state<false>(p, maps, s, h, group);
         });
   }
   template <bool kExactUpdate>

@@ -85,6 +85,9 @@ inline CUresult encode_token_map(CUtensorMap* map, const void* base, uint64_t ba
 struct ForwardTileMaps {
   CUtensorMap q, k, v;  // (b, t, h, 128) panels of the inputs
   CUtensorMap inverse;  // Ag rows (the gated inverse, in the input dtype), (b, t, hv, 64): one panel
+  // v4's chunk_states where it writes them (encode_states_map), else zeros: [chunk, hv, 128 rows] x
+  // 128, boxes of 64 rows x 64 columns (a state group's staged panel)
+  CUtensorMap states{};
 };
 
 // The maps of p's q, k, v and gated inverse (f16: fp16, else bf16); the first failing status.
@@ -101,6 +104,12 @@ inline CUresult encode_forward_maps(const ForwardParams& p, bool f16, ForwardTil
                                             p.seqlen * inverse_row, inverse_row, 64, f16)})
     if (r != CUDA_SUCCESS) return r;
   return CUDA_SUCCESS;
+}
+
+// maps->states over p.chunk_states (p.max_chunks blocks of [hv][128][128]).
+inline CUresult encode_states_map(const ForwardParams& p, bool f16, ForwardTileMaps* maps) {
+  const auto rows = static_cast<uint64_t>(p.max_chunks) * static_cast<uint64_t>(p.num_v_heads) * 128;
+  return encode_panel_map(&maps->states, p.chunk_states, rows, 128, 256, 64, f16);
 }
 
 // The gradient pass's boxes (backward_grads.cuh): v4's maps over q, k, v and the gated inverse, dO,
