@@ -23,8 +23,8 @@
 //         bulk TMA with the boxes: no load into registers (a wgmma fence or proxy fence would wait
 //         for it). Per chunk: wait loaded; a partial chunk's rows past its end zeroed (they hold the
 //         next sequence or garbage); P (a folded chunk, folds_gates: Q K^T masked, without G);
-//         the gate tables scale 2^gcum[t], rho_t and 2^gcum[t] (write_gate_tables); -B~ = -Ag diag(Gamma)
-//         from Ag's fragments (ldmatrix) and the last table; -W~; ready[c % 2].
+//         the gate tables scale 2^gcum[t], rho_t, rho_t 2^-gamma and 2^gcum[t] (write_gate_tables);
+//         -B~ = -Ag diag(Gamma) from Ag's fragments (ldmatrix) and the last table; -W~; ready[c % 2].
 //   state (warpgroups 1, 2 = groups g 0, 1; setmaxnreg kStateRegisters): value rows v = 64 g ..
 //         64 g + 63 of S^T as one m64n128 fp32 accumulator (64 registers) for the whole item, and
 //         its Elem (bf16 / fp16) A fragments. Per chunk c, after ready[c % 2]:
@@ -40,10 +40,10 @@
 //                                                                       o[(c-1) % 2] under these
 //           free[c % 2]; S^T -> A fragments; o -> o[c % 2] (stmatrix.trans: rows = tokens);
 //           checkpoint; group barrier (o written before the next chunk's copy)
-// Shared memory (193 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
+// Shared memory (196 KiB): slots [2] (fused_forward_ws.cuh); o [2][64 tokens][128] (panel g =
 // group g's columns; without o, o[g] stages group g's S^T for chunk_states); gcum, beta, o_scale, rho,
-// decay [2][64] fp32 (o_scale, rho, decay: the aux group's gate tables); mbarriers ready[2] (128 arrivals), free[2]
-// (256), loaded[2] (1 + TMA bytes).
+// fold, decay [2][64] fp32 (o_scale, rho, fold, decay: the aux group's gate tables); mbarriers
+// ready[2] (128 arrivals), free[2] (256), loaded[2] (1 + TMA bytes).
 // Named barriers: 1 the aux group, 2 + g state group g.
 // The backward's chunk-state pass (p.chunk_states, no o): at the top of chunk c each state group
 // stages S^T's Elem fragments (the state entering the chunk) in its o staging, which one of its
@@ -95,6 +95,7 @@ struct FusedForwardRs {
     alignas(16) float beta[2][kChunk];
     alignas(16) float o_scale[2][kChunk];  // p.scale 2^gcum[t]       (the aux group, from gcum: write_gate_tables)
     alignas(16) float rho[2][kChunk];      // 2^(gcum[63] - gcum[t])
+    alignas(16) float fold[2][kChunk];     // rho_t 2^-gcum[63] = 2^-gcum[t]  (a folded chunk's O operand)
     alignas(16) float decay[2][kChunk];    // 2^gcum[t]                (the aux group's own: -B~'s column factors)
     alignas(8) uint64_t ready[2];
     alignas(8) uint64_t free[2];
@@ -289,9 +290,10 @@ struct FusedForwardRs {
     timeline_mark(p, 0, 0, 11);
   }
 
-  // Aux thread i: scale 2^gcum[i] and 2^gcum[i] (i < 64) or 2^(gamma - gcum[i - 64]) into slot buf's
-  // tables (GatesFromTables; decay: chunk_products' -B~), read by the state groups after ready: one
-  // ex2 a thread here instead of 32 a state thread.
+  // Aux thread i into slot buf's tables: o_scale = p.scale 2^gcum[i] and decay = 2^gcum[i] (i < 64), or
+  // rho = 2^(gamma - gcum[i - 64]) and fold = rho 2^-gamma (GatesFromTables, read by the state groups
+  // after ready; decay: chunk_products' -B~). Two ex2 a thread here instead of 32 a state thread (and a
+  // folded chunk's ex2 and 16 multiplies there, which formed rho 2^-gamma alike).
   static __device__ __forceinline__ void write_gate_tables(SharedStorage& s, int buf, float scale) {
     const int i = threadIdx.x % 128, t = i % kChunk;
     const float g = s.gcum[buf][t];
@@ -299,8 +301,11 @@ struct FusedForwardRs {
       const float decay = exp2_approx(g);
       s.decay[buf][t] = decay;
       s.o_scale[buf][t] = scale * decay;
-    } else
-      s.rho[buf][t] = exp2_approx(s.gcum[buf][kChunk - 1] - g);
+    } else {
+      const float gamma = s.gcum[buf][kChunk - 1], rho = exp2_approx(gamma - g);
+      s.rho[buf][t] = rho;
+      s.fold[buf][t] = rho * exp2_approx(-gamma);
+    }
   }
 
   // v4's aux group: P and -W~ of each chunk (chunk_products) on the ring, Ag loaded with the tiles.
@@ -436,15 +441,17 @@ struct FusedForwardRs {
   // rho_t = 2^(gamma - gcum[t]) (Vd's rows into the state), gamma = gcum[63], as the tables v4's aux
   // group writes (write_gate_tables; v5's: FusedForwardInv::GateTables). kScaledDecay: decay_pair is
   // p.scale 2^gcum[t], o's whole column factor, and P carries |p.scale| (chunk_products), so o is staged
-  // as it is (v5: 2^gcum[t], o scaled as staged).
+  // as it is (v5: 2^gcum[t], o scaled as staged). fold_t: 2^-gcum[t] = rho_t 2^-gamma (a folded chunk's).
   struct GatesFromTables {
     static constexpr bool kScaledDecay = true;
     const float* gcum;
     const float* o_scale_t;
     const float* rho_t;
+    const float* fold_t;
     __device__ __forceinline__ float gamma() const { return gcum[kChunk - 1]; }
     __device__ __forceinline__ float2 decay_pair(int t) const { return *reinterpret_cast<const float2*>(o_scale_t + t); }
     __device__ __forceinline__ float2 rho_pair(int t) const { return *reinterpret_cast<const float2*>(rho_t + t); }
+    __device__ __forceinline__ float2 fold_pair(int t) const { return *reinterpret_cast<const float2*>(fold_t + t); }
     __device__ __forceinline__ float scaled_decay(int t, float) const { return o_scale_t[t]; }
   };
 
@@ -536,20 +543,21 @@ struct FusedForwardRs {
     const int c_lane = 2 * (threadIdx.x % 4), col0 = 64 * group;
     Fragments vd_decayed[4], vd_plain[4];
     if (kWithO && kFold == Fold::kP && folded) {
-      const float inv_gamma = exp2_approx(-gates.gamma());  // 2^-gcum[t] = rho_t 2^-gamma
+      if constexpr (kFold == Fold::kP) {  // (GatesFromTables: 2^-gcum[t] = rho_t 2^-gamma from the aux)
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
+        for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 rho = gates.rho_pair(16 * ks + 8 * half + c_lane);
-          const float2 inv_decay = make_float2(rho.x * inv_gamma, rho.y * inv_gamma);
+          for (int half = 0; half < 2; ++half) {
+            const int t = 16 * ks + 8 * half + c_lane;
+            const float2 rho = gates.rho_pair(t), inv_decay = gates.fold_pair(t);
 #pragma unroll
-          for (int q = 2 * half; q < 2 * half + 2; ++q) {
-            const int x = 8 * ks + 2 * q;
-            vd_decayed[ks][q] = pack_pair<Elem>(rho.x * vd[x], rho.y * vd[x + 1]);
-            vd_plain[ks][q] = pack_pair<Elem>(inv_decay.x * vd[x], inv_decay.y * vd[x + 1]);
+            for (int q = 2 * half; q < 2 * half + 2; ++q) {
+              const int x = 8 * ks + 2 * q;
+              vd_decayed[ks][q] = pack_pair<Elem>(rho.x * vd[x], rho.y * vd[x + 1]);
+              vd_plain[ks][q] = pack_pair<Elem>(inv_decay.x * vd[x], inv_decay.y * vd[x + 1]);
+            }
           }
-        }
+      }
     } else if (kFold == Fold::kVd && folded) {
       // vd holds (rho Vd)^T (X'' = X diag(beta rho)); O's operand is the same fragments, its
       // 2^-gamma carried by P
@@ -810,9 +818,11 @@ struct FusedForwardRs {
       timeline_mark(p, 1, c, 2);
 
       const ChunkEnd at{slot_word + static_cast<uint32_t>(offsetof(Slot, k) / 16),
-                        slot_word + static_cast<uint32_t>(offsetof(Slot, p) / 16), s.o, &s.free[buf], out_rows, out_lanes};
-      finish_chunk<kWithO, kExactUpdate>(p, item, at, GatesFromTables{s.gcum[buf], s.o_scale[buf], s.rho[buf]}, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st, st_frag, vd, o,
-                           [] {}, kWithO && folds_gates(s.gcum[buf]));
+                        slot_word + static_cast<uint32_t>(offsetof(Slot, p) / 16), s.o, &s.free[buf], out_rows,
+                        out_lanes};
+      const GatesFromTables gates{s.gcum[buf], s.o_scale[buf], s.rho[buf], s.fold[buf]};
+      finish_chunk<kWithO, kExactUpdate>(p, item, at, gates, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st,
+                                         st_frag, vd, o, [] {}, kWithO && folds_gates(s.gcum[buf]));
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
     if (save_states && storer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
