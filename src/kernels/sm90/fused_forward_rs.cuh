@@ -161,15 +161,17 @@ struct FusedForwardRs {
   static __device__ __forceinline__ void chunk_products(const ForwardParams& p, Slot& slot, const float* gcum,
                                                         const float* decay, float log2_scale, bool with_o, int64_t c,
                                                         Between&& between) {
-    const int r = Tiles::acc_row(0);
     if (with_o) {
-      const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
-      float g_col[16];
-      Aux::column_values(gcum, g_col);
-      if (folds_gates(gcum))
-        Aux::template product_p<false>(slot, g_rows, g_col);
-      else
+      if (folds_gates(gcum)) {
+        const float no_rows[2] = {}, no_cols[16] = {};  // P without its gates reads neither
+        Aux::template product_p<false>(slot, no_rows, no_cols);
+      } else {  // the gates' rows and columns, loaded only here (before the branch: 12 instructions a folded chunk)
+        const int r = Tiles::acc_row(0);
+        const float g_rows[2] = {gcum[r] + log2_scale, gcum[r + 8] + log2_scale};
+        float g_col[16];
+        Aux::column_values(gcum, g_col);
         Aux::product_p(slot, g_rows, g_col);
+      }
     }
     timeline_mark(p, 0, c, 4);
     between();
