@@ -258,10 +258,11 @@ struct FusedForwardRs {
     for (int c = 0; c < num_chunks; ++c) {
       const int buf = c & 1;
       auto& slot = s.slot[buf];
-      // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here).
-      bool next_issued = c + 1 >= num_chunks;
+      // Thread 0: chunk c+1 into slot buf ^ 1 once chunk c-1 has left it (no waiting here); the
+      // others' next_issued is true throughout (one flag to test)
+      bool next_issued = threadIdx.x != 0 || c + 1 >= num_chunks;
       auto issue_next_if_free = [&] {
-        if (threadIdx.x == 0 && !next_issued &&
+        if (!next_issued &&
             (c == 0 || tma::test_wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1)))) {
           issue(c + 1);
           next_issued = true;
@@ -283,7 +284,7 @@ struct FusedForwardRs {
       work(c, buf, issue_next_if_free);
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
-      if (threadIdx.x == 0 && !next_issued) {
+      if (!next_issued) {
         if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
         issue(c + 1);
       }
