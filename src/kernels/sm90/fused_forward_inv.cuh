@@ -447,7 +447,10 @@ struct FusedForwardInv {
 
       // v4's chunk end; P's halves both written (and fenced) before O += Vd^T P^T reads them.
       const int64_t left = item.eos - (item.bos + c * kChunk);  // the chunk's tokens, if fewer than kChunk
-      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, {static_cast<uint32_t>(wg::encode(smem_addr(k))), static_cast<uint32_t>(wg::encode(smem_addr(slot.p))), s.o, &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) : 0, out_lanes}, gate_tables(s, stage), c,
+      const typename Rs::ChunkEnd at{
+          static_cast<uint32_t>(wg::encode(smem_addr(k))), static_cast<uint32_t>(wg::encode(smem_addr(slot.p))), s.o,
+          &s.free[buf], kWithO ? Rs::o_rows(p, item, h, group) + (c - 1) * kChunk * p.o_strides.token : 0, out_lanes};
+      Rs::template finish_chunk<kWithO, false, Rs::Fold::kVd, true>(p, item, at, gate_tables(s, stage), c,
                                                left < kChunk ? static_cast<int>(left) : kChunk, h, group, st, st_frag, vd, o, [] {
                                                  if constexpr (kWithO) {
                                                    wg::fence_shared_to_async();

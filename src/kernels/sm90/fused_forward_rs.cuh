@@ -461,7 +461,8 @@ struct FusedForwardRs {
   // The shared memory a state group's chunk end reads and writes (v4 here, v5 in
   // fused_forward_inv.cuh): the chunk's K and P tiles (their shared addresses / 16, wg::encode: the
   // words of their descriptors), the o staging pair and the slot's free barrier; and this thread's o
-  // vectors (o_rows) and o panel offsets (o_lanes), with o.
+  // vectors in chunk c - 1, whose o leaves under the chunk's update (o_rows: o_rows() plus c - 1 chunks
+  // of token strides) and o panel offsets (o_lanes), with o.
   struct ChunkEnd {
     uint32_t k_word;
     uint32_t p_word;
@@ -475,10 +476,10 @@ struct FusedForwardRs {
   // vectors, thread t copying vector t % 8 of rows t / 8 + 16 i (i < 4). Its rows share their swizzle
   // (row % 8): the shared addresses are its first plus 16 rows (immediates), the global ones its first
   // plus 16 i token strides. o_rows: the element offset in o of this thread's first vector in the
-  // item's chunk 0, opaque so that the chunk's copy adds c kChunk token strides to it rather than
+  // item's chunk 0, opaque so that a chunk's copy adds chunks of token strides to it rather than
   // re-deriving it from the chunk's first token and the thread's row (64-bit products each chunk).
-  // v4 forms it once per item; v5 at each chunk end (kept across its loop, the register pair spilled
-  // v5's fp16 kernel).
+  // v4 forms it once per item and advances it a chunk a step (one 64-bit add); v5 at each chunk end
+  // (kept across its loop, the register pair spilled v5's fp16 kernel).
   static __device__ __forceinline__ int64_t o_rows(const ForwardParams& p, const WorkItem& item, int h, int group) {
     const int t = threadIdx.x % 128;
     const int64_t stride = p.o_strides.token;
@@ -510,12 +511,12 @@ struct FusedForwardRs {
       stmatrix_x4_trans(rows + 8 * j * 128, regs);
     }
   }
-  // Rows 0 .. rows - 1 of chunk c's staged o panel.
+  // Rows 0 .. rows - 1 of a chunk's staged o panel; o_rows: this thread's first vector in the chunk.
   static __device__ __forceinline__ void copy_o(const ForwardParams& p, const unsigned char* panel, int64_t o_rows,
-                                                uint32_t o_lanes, int64_t c, int rows) {
+                                                uint32_t o_lanes, int rows) {
     const int row = (threadIdx.x % 128) / 8;
     const int64_t stride = p.o_strides.token;
-    Elem* const out = static_cast<Elem*>(p.o) + (o_rows + c * kChunk * stride);
+    Elem* const out = static_cast<Elem*>(p.o) + o_rows;
     const unsigned char* src = panel + (o_lanes >> 16);
 #pragma unroll
     for (int i = 0; i < kChunk / 16; ++i)
@@ -630,7 +631,7 @@ struct FusedForwardRs {
     // Chunk c-1's o (a full chunk) leaves under these wgmmas (under the first ones it would not
     // fit in the registers beside S^T's pinned fragments).
     timeline_mark(p, 1, c, 3);
-    if (kWithO && c > 0) copy_o(p, at.o[(c - 1) & 1] + group * kPanelBytes, at.o_rows, at.o_lanes, c - 1, kChunk);
+    if (kWithO && c > 0) copy_o(p, at.o[(c - 1) & 1] + group * kPanelBytes, at.o_rows, at.o_lanes, kChunk);
     wg::wait<0>();
     wg::fence_operand(st);
     wg::fence_operand(o);
@@ -673,8 +674,8 @@ struct FusedForwardRs {
                                                      int group, const StateAcc& st) {
     if (kWithO && num_chunks > 0) {  // the last chunk's o
       const int64_t last = num_chunks - 1, left = item.eos - (item.bos + last * kChunk);
-      copy_o(p, o[last & 1] + group * kPanelBytes, o_rows(p, item, h, group), o_lanes(), last,
-             left < kChunk ? static_cast<int>(left) : kChunk);
+      copy_o(p, o[last & 1] + group * kPanelBytes, o_rows(p, item, h, group) + last * kChunk * p.o_strides.token,
+             o_lanes(), left < kChunk ? static_cast<int>(left) : kChunk);
     }
     // The work item again (pure): not kept in registers across the loop.
     if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
@@ -763,7 +764,9 @@ struct FusedForwardRs {
     if (save_states && storer) tma::prefetch_map(&maps.states);
     int states_row = static_cast<int>((item.first_chunk_id * p.num_v_heads + h) * kHeadDim) + 64 * group;
     const int states_step = p.num_v_heads * kHeadDim;
-    const int64_t out_rows = kWithO ? o_rows(p, item, h, group) : 0;
+    // o_rows of chunk c - 1 (ChunkEnd::o_rows) at chunk c
+    const int64_t chunk_rows = kChunk * p.o_strides.token;
+    int64_t out_rows = kWithO ? o_rows(p, item, h, group) - chunk_rows : 0;
     const uint32_t out_lanes = kWithO ? o_lanes() : 0;
     // Slot 0's shared address / 16 (the dS pass's descriptor words): slot buf's tile t lies at this
     // + buf sizeof(Slot) / 16 + offsetof(t) / 16, constants but for buf, so a product's descriptor is
@@ -826,6 +829,7 @@ struct FusedForwardRs {
       const GatesFromTables gates{s.gcum[buf], s.o_scale[buf], s.rho[buf], s.fold[buf]};
       finish_chunk<kWithO, kExactUpdate>(p, item, at, gates, c, c == num_chunks - 1 ? last_rows : kChunk, h, group, st,
                                          st_frag, vd, o, [] {}, kWithO && folds_gates(s.gcum[buf]));
+      if constexpr (kWithO) out_rows += chunk_rows;
     }
     finish_item<kWithO>(p, item, s.o, num_chunks, h, group, st);
     if (save_states && storer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
