@@ -180,21 +180,11 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
   auto split = [&](int64_t items) {
     return p.wgmma || specialized ? 1 : forced_v_split != 0 ? forced_v_split : choose_v_split(items, p.num_v_heads);
   };
-  if (p.cp_pass != kern::kNoCp && stages == CpStages::kGivenStarts) {
-    // the forward's windows say which M_j the cache holds; then the state pass's z = 1 CTAs for the
-    // others the reverse correction needs (work_item: no S*_j with segment_starts_given)
-    const bool bf16 = elem == kern::ElemKind::kBF16;
-    if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
-                                  : kern::launch_cp_windows<kern::ElemKind::kF16>(p, p.window_chunks, false, stream),
-                             "cp_windows");
-        !s.ok())
-      return s;
-    p.cp_pass = kern::kCpStatePass;
-    p.chunk_states = nullptr;
-    p.v_split = split(2 * p.max_segments);
-    if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
-    p.cp_pass = kern::kCpMainPass;
-  } else if (p.cp_pass != kern::kNoCp) {
+  if (p.cp_pass != kern::kNoCp) {
+    // the windows, then the state pass: S*_j from zero and M_j where a head has no window (gridDim.z =
+    // 2); with the forward's CP cache (kGivenStarts) the windows say which M_j the cache holds, and the
+    // pass's z = 1 CTAs form the others the reverse correction needs (work_item: no S*_j). kFinish
+    // reuses kMaps' state pass.
     if (stages != CpStages::kFinish) {
       const bool bf16 = elem == kern::ElemKind::kBF16;
       if (auto s = cuda_status(bf16 ? kern::launch_cp_windows<kern::ElemKind::kBF16>(p, p.window_chunks, false, stream)
@@ -204,15 +194,17 @@ Status launch_forward_passes(kern::ForwardParams& p, kern::ElemKind elem, kern::
         return s;
       p.cp_pass = kern::kCpStatePass;
       p.chunk_states = nullptr;
-      p.v_split = split(2 * p.max_segments);  // S* and M CTAs (gridDim.z = 2)
+      p.v_split = split(2 * p.max_segments);
       if (auto s = launch_fused_forward(p, elem, inverse, stream); !s.ok()) return s;
       if (stages == CpStages::kMaps) return cuda_status(kern::launch_cp_shard_maps(p, stream), "cp_shard_maps");
       if (stages == CpStages::kStatePass) return {};
     }
-    if (auto s = cuda_status(kern::launch_cp_correction(p, cp_slice_cols(p.num_seqs, p.num_v_heads), stream),
-                             "cp_correction");
-        !s.ok())
-      return s;
+    if (stages != CpStages::kGivenStarts) {  // given starts: the cache holds the corrected states
+      if (auto s = cuda_status(kern::launch_cp_correction(p, cp_slice_cols(p.num_seqs, p.num_v_heads), stream),
+                               "cp_correction");
+          !s.ok())
+        return s;
+    }
     p.cp_pass = kern::kCpMainPass;
   }
   p.chunk_states = chunk_states;
