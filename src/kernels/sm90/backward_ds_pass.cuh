@@ -186,6 +186,29 @@ struct BackwardDsPass {
     }
   }
 
+  // The halves of a token's OperandFactors::rows word: {x, y} rho's, {z, w} s e^g's.
+  static constexpr int kRhoHalf = 0, kQHalf = 1;
+  // A [64 tokens][128] tile's two panels from `from` to `to` (in place if equal), row t scaled by token
+  // t's factor (half kHalf of factors.rows[t]). Its factors depend on the row only, so the 16-byte
+  // units are walked in storage order (a 128B swizzle permutes units within a row): unit tid + 128 i of
+  // a panel is row tid / 8 + 16 i (i < 4).
+  template <int kHalf>
+  static __device__ __forceinline__ void scale_token_rows(const OperandFactors& factors, const unsigned char* from,
+                                                          unsigned char* to) {
+    const int tid = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
+      const uint4 row = factors.rows[tid / 8 + 16 * i];
+      const PackedFactor f = kHalf == kRhoHalf ? PackedFactor{row.x, row.y} : PackedFactor{row.z, row.w},
+                         words[4] = {f, f, f, f};
+#pragma unroll
+      for (int panel = 0; panel < 2; ++panel) {
+        const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
+        scale_unit(from + at, to + at, words);
+      }
+    }
+  }
+
   // P's blocks above its diagonal blocks (warp w's rows 16 w .., column blocks j > 2 w + 1) are zero in
   // every chunk: set once in both slots before the ring (product_p leaves them), 16-byte stores.
   static __device__ __forceinline__ void zero_upper_p(SharedStorage& s) {
@@ -231,26 +254,14 @@ struct BackwardDsPass {
   }
 
   // The aux group's operands of one chunk in its slot (gcum: the chunk's gates, log2 units; factors:
-  // the chunk's, written here). The K and Q tiles' factors depend on the row (token) only, so their
-  // 16-byte units are walked in storage order (a 128B swizzle permutes units within a row); Ag's
-  // depend on the column: unit u of row r holds columns 8 (u ^ (r % 8)) ...
-  // K's unit tid + 128 i of panel p is row tid / 8 + 16 i (i < 4), the same for Q.
+  // the chunk's, written here). The K and Q tiles' factors depend on the row (token) only
+  // (scale_token_rows); Ag's depend on the column: unit u of row r holds columns 8 (u ^ (r % 8)) ...
   static __device__ __forceinline__ void chunk_operands(Slot& slot, const float* gcum, OperandFactors& factors,
                                                         float scale) {
     const int r = Tiles::acc_row(0), tid = threadIdx.x % 128;
     write_operand_factors(factors, gcum, scale);
     Aux::group_sync(Aux::kAuxBarrier);  // the factors written
-    // w_neg = rho K (before P: a folded chunk's P reads it)
-#pragma unroll
-    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
-      const uint4 row = factors.rows[tid / 8 + 16 * i];
-      const PackedFactor k{row.x, row.y}, k_words[4] = {k, k, k, k};
-#pragma unroll
-      for (int panel = 0; panel < 2; ++panel) {
-        const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
-        scale_unit(slot.k + at, slot.w_neg + at, k_words);
-      }
-    }
+    scale_token_rows<kRhoHalf>(factors, slot.k, slot.w_neg);  // w_neg = rho K (before P: a folded chunk's P reads it)
     const float gamma = gcum[kChunk - 1];
     if (Rs::folds_gates(gcum)) {
       // A folded chunk (bf16, decay -gamma at most 64 in log2 units): s e^{g_i - g_t} = s e^{g_i - gamma}
@@ -270,17 +281,7 @@ struct BackwardDsPass {
         return exp2_approx(g_rows[e / 2] - g_col[2 * j + e % 2]) * x;
       });
     }
-    // q = s Gamma Q in place (P's wgmmas are done)
-#pragma unroll
-    for (int i = 0; i < kPanelBytes / 16 / 128; ++i) {
-      const uint4 row = factors.rows[tid / 8 + 16 * i];
-      const PackedFactor q{row.z, row.w}, q_words[4] = {q, q, q, q};
-#pragma unroll
-      for (int panel = 0; panel < 2; ++panel) {
-        const uint32_t at = panel * kPanelBytes + 16 * (tid + 128 * i);
-        scale_unit(slot.q + at, slot.q + at, q_words);
-      }
-    }
+    scale_token_rows<kQHalf>(factors, slot.q, slot.q);  // q = s Gamma Q in place (P's wgmmas are done)
     // Ag: unit tid + 128 i is row tid / 8 + 16 i, unit tid % 8, so columns 8 ((tid % 8) ^ ((tid / 8) % 8)) ..
     // for every i: eight column factors a chunk
     const int col_unit = (tid % 8) ^ ((tid / 8) % 8);
