@@ -322,6 +322,8 @@ struct BackwardDsPass {
     if (save_states && storer) tma::prefetch_map(&grad_map);
     int grad_row = static_cast<int>((last_chunk_id * p.num_v_heads + h) * kHeadDim) + 64 * group;
     const int grad_step = p.num_v_heads * kHeadDim;
+    int buf = 0;          // chunk c's slot, c % 2
+    uint32_t parity = 0;  // its ready barrier's phase parity, (c / 2) % 2
 #pragma unroll 1
     for (int c = 0; c < num_chunks; ++c) {
       if (save_states) {  // dS^T leaving the chunk (chunk id last_chunk_id - c)
@@ -332,7 +334,7 @@ struct BackwardDsPass {
         Rs::stage_state(s.o[group], dt_frag);
         wg::fence_shared_to_async();  // the stmatrix, for the stores
       }
-      const int buf = Rs::wait_ready(p, s.ready, c);
+      tma::wait(&s.ready[buf], parity);
       const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
       // The products' descriptors at k-step 0, pinned (their k-steps: one add each); dO's serves two products.
       const auto pinned = [&](auto major, uint32_t offset) {
@@ -403,6 +405,8 @@ struct BackwardDsPass {
       wg::fence_operand(dt);
       tma::arrive(&s.free[buf]);  // every read of the slot is done
       wg::to_fragments<Elem, 8>(dt, dt_frag);
+      parity ^= buf;
+      buf ^= 1;
     }
     if (item.ds_start.base != nullptr) Rs::store_state(item.ds_start, col0, dt);
     if (save_states && storer) tma::wait_bulk_read<0>();  // shared memory stays until the last store has read it
