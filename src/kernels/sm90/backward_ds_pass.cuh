@@ -224,7 +224,10 @@ struct BackwardDsPass {
   // w_neg = rho K) and element(j, e, x) of the product's element 4 j + e = x. Warp w's rows 16 w ..
   // 16 w + 15 against column block j: all below the diagonal for j < 2 w, all above for j > 2 w + 1, so
   // only blocks 2 w and 2 w + 1 compare (resolved per warp at compile time, a warp-uniform switch), and
-  // blocks j > 2 w + 1 stay as zero_upper_p left them: stmatrix of blocks j <= 2 w + 1 only.
+  // blocks j > 2 w + 1 stay as zero_upper_p left them: stmatrix of blocks j <= 2 w + 1 only. In those
+  // two, element e's row 16 w + lane / 4 + 8 (e / 2) against column 16 w + 8 (j - 2 w) + 2 (lane % 4) +
+  // e % 2: block 2 w's rows + 8 (e >= 2) all below, block 2 w + 1's first rows (e < 2) all above, and
+  // the rest below iff lane / 4 >= 2 (lane % 4) + e % 2 (two compares a thread).
   template <typename Element>
   static __device__ __forceinline__ void product_p(Slot& slot, const unsigned char* kb, Element&& element) {
     Acc qk;
@@ -233,14 +236,17 @@ struct BackwardDsPass {
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(qk);
+    const int lane = threadIdx.x % 32;
+    const bool lane_below[2] = {lane / 4 >= 2 * (lane % 4), lane / 4 >= 2 * (lane % 4) + 1};
     const auto store = [&](auto warp) {
       constexpr int kWarp = decltype(warp)::value;
 #pragma unroll
       for (int j = 0; j <= 2 * kWarp; j += 2) {
         uint32_t regs[4];
         Tiles::pack_x4(regs, j, [&](int jj, int e) {
-          const bool below = 8 * jj + 7 < 16 * kWarp || Tiles::acc_row(e) >= Tiles::acc_col(jj, e);
-          return below ? element(jj, e, qk[4 * jj + e]) : 0.f;
+          if (jj == 2 * kWarp + 1 && e < 2) return 0.f;
+          const float x = element(jj, e, qk[4 * jj + e]);
+          return jj < 2 * kWarp || (jj == 2 * kWarp && e >= 2) || lane_below[e % 2] ? x : 0.f;
         });
         stmatrix_x4(Tiles::fragment_rows(slot.p, 0, j), regs);
       }
