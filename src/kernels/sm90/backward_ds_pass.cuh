@@ -342,13 +342,15 @@ struct BackwardDsPass {
       }
       tma::wait(&s.ready[buf], parity);
       const uint32_t slot_word = slot0_word + static_cast<uint32_t>(buf) * (sizeof(Slot) >> 4);
-      // The products' descriptors at k-step 0, pinned (their k-steps: one add each); dO's serves two products.
+      // The products' descriptors at k-step 0, pinned (their k-steps: one add each); dO's, which two
+      // products read, unpinned from its word (ptxas forms its four k-steps once for both: pinned, each
+      // k-step was a 64-bit add with carry, formed again for the second product).
       const auto pinned = [&](auto major, uint32_t offset) {
         return wg::pinned_descriptor_from_word<decltype(major)::value>(slot_word + offset / 16, kChunk);
       };
       using KMajor = std::integral_constant<Major, Major::kK>;
       using MnMajor = std::integral_constant<Major, Major::kMN>;
-      const uint64_t d_o0 = pinned(MnMajor{}, offsetof(Slot, v) + group * kPanelBytes);
+      const uint32_t d_o_word = slot_word + (offsetof(Slot, v) + group * kPanelBytes) / 16;
 
       // dVd^T = D^T (rho K)^T + dO^T (s P)
       Acc dvd;
@@ -359,7 +361,7 @@ struct BackwardDsPass {
         wg::mma_rs<Elem, 64, Major::kK>(dvd, dt_frag[ks], wg::k_step<Major::kK>(w_neg0, 16 * ks, kChunk), ks > 0);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::k_step<Major::kMN>(d_o0, k0, kChunk),
+        wg::mma_ss<Elem, 64, Major::kMN, Major::kMN>(dvd, wg::descriptor_from_word<Major::kMN>(d_o_word, k0, kChunk),
                                                      wg::k_step<Major::kMN>(p0, k0, kChunk), true);
       wg::commit();
       if (save_states) {
@@ -404,7 +406,7 @@ struct BackwardDsPass {
         wg::mma_rs<Elem, 128, Major::kMN>(dt, du_frag[ks], wg::k_step<Major::kMN>(key0, 16 * ks, kChunk), true);
 #pragma unroll
       for (int k0 = 0; k0 < kChunk; k0 += 16)
-        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::k_step<Major::kMN>(d_o0, k0, kChunk),
+        wg::mma_ss<Elem, 128, Major::kMN, Major::kMN>(dt, wg::descriptor_from_word<Major::kMN>(d_o_word, k0, kChunk),
                                                       wg::k_step<Major::kMN>(q0, k0, kChunk), true);
       wg::commit();
       wg::wait<0>();
