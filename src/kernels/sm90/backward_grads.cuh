@@ -195,15 +195,18 @@ struct BackwardGrads {
     }
   }
 
-  // Rows 0 .. rows - 1 of a [64][64] panel to `out` (rows `row_stride` elements apart, 16-byte
-  // aligned) in 16-byte pieces, as Tiles::copy_rows (thread t of the group: piece t % 8 of rows
-  // t / 8 + 16 i), with the addresses formed once: the pieces of a thread share the swizzle (row % 8),
-  // so the shared one steps by immediates and the global one by 16 rows.
-  static __device__ __forceinline__ void copy_rows(Elem* out, int64_t row_stride, const unsigned char* panel,
-                                                   int rows) {
+  // Rows 0 .. rows - 1 of a chunk's staged output panel g ([64][64]: its tokens t0.., columns 64 g.. of
+  // `head` in the token-major output `out`, store_output's panel where the chunk is partial or TMA is off)
+  // in 16-byte pieces, as Tiles::copy_rows (thread t of the group: piece t % 8 of rows t / 8 + 16 i),
+  // with the addresses formed once: the pieces of a thread share the swizzle (row % 8), so the shared one
+  // steps by immediates and the global one by 16 rows.
+  static __device__ __forceinline__ void copy_rows(void* out, const RowStrides& strides, int group, int head,
+                                                   int64_t b, int64_t t0, const unsigned char* panel, int rows) {
+    const int64_t row_stride = strides.token;
     const int row = threadIdx.x % 128 / 8, vec = threadIdx.x % 8;
     const unsigned char* src = panel + wg::swizzled_offset(row, vec * 8);
-    Elem* dst = out + row * row_stride + vec * 8;
+    Elem* dst = static_cast<Elem*>(out) + b * strides.batch + t0 * row_stride + head * strides.head + 64 * group +
+                row * row_stride + vec * 8;
 #pragma unroll
     for (int i = 0; i < kChunk / 16; ++i) {
       if (row + 16 * i < rows)
@@ -850,9 +853,7 @@ struct BackwardGrads {
         store_output(&maps.dv, dv_panel, group, h, it);
         if (threadIdx.x % 128 == 0) tma::commit_bulk();
       } else {
-        copy_rows(static_cast<Elem*>(bp.dv) + b * bp.dv_strides.batch + t0 * bp.dv_strides.token +
-                      h * bp.dv_strides.head + 64 * group,
-                  bp.dv_strides.token, dv_panel, rows);
+        copy_rows(bp.dv, bp.dv_strides, group, h, b, t0, dv_panel, rows);
       }
       // dP, dA_r, E and dbeta's column terms over columns 32 g ..; column_quad_sum's sums go to dg_s
       // (lanes 0..15: -colsum(E)) and dbeta (16..: colsum(dAg (.) G (.) A_r))
@@ -1074,12 +1075,8 @@ struct BackwardGrads {
         store_output(&maps.dk, dk_panel, group, head, it);
         if (threadIdx.x % 128 == 0) tma::commit_bulk();
       } else {
-        copy_rows(static_cast<Elem*>(bp.dq) + b * bp.dq_strides.batch + t0 * bp.dq_strides.token +
-                      head * bp.dq_strides.head + 64 * group,
-                  bp.dq_strides.token, dq_panel, rows);
-        copy_rows(static_cast<Elem*>(bp.dk) + b * bp.dk_strides.batch + t0 * bp.dk_strides.token +
-                      head * bp.dk_strides.head + 64 * group,
-                  bp.dk_strides.token, dk_panel, rows);
+        copy_rows(bp.dq, bp.dq_strides, group, head, b, t0, dq_panel, rows);
+        copy_rows(bp.dk, bp.dk_strides, group, head, b, t0, dk_panel, rows);
       }
     } else {  // every v-head's dq, dk in fp32, summed by qk_grads (a row's pointer once, its columns by immediates)
       const int64_t first = ((b * p.seqlen + t0 + acc_row(0)) * p.num_v_heads + h) * kHeadDim + 64 * group + acc_col(0, 0);
