@@ -169,10 +169,12 @@ struct BackwardDsPass {
     for (int w = 0; w < 4; ++w) words[w] = scale_pair(words[w], f[w]);
     *reinterpret_cast<uint4*>(to) = unit;
   }
-  // Thread i < 64 of the aux group: token i's factors; 64 <= i < 80: Ag's columns 4 (i - 64) .. + 3.
+  // Thread i < 64 of the aux group, counted from warp 1: token i's factors; 64 <= i < 80: Ag's columns
+  // 4 (i - 64) .. + 3. Warp 0 writes none: its thread 0 issues each chunk's loads (aux_loop), the
+  // longest of the group's per-chunk paths; warps 1 and 2 store the fewest of P's blocks after warp 0.
   // Read after a group barrier.
   static __device__ __forceinline__ void write_operand_factors(OperandFactors& f, const float* gcum, float scale) {
-    const int i = threadIdx.x % 128;
+    const int i = (threadIdx.x + 96) % 128;
     if (i < kChunk) {
       const float g = gcum[i];
       const float k_factor = exp2_approx(gcum[kChunk - 1] - g), q_factor = scale * exp2_approx(g);
