@@ -9,7 +9,7 @@
 #     CP_SWEEP_ARGS=--quick for the quick one); ab: tests + the A/B
 #     timing of the fused forward kernels
 #     (bench/fused_kernel_ab.py); bench: build + the benchmark only (python -m flashgdn.bench
-#     $BENCH_ARGS: one CSV, plots and log); timeline: a FLASHGDN_TIMELINE build in build-timeline and
+#     $BENCH_ARGS: one CSV, plots and log, and the anchors' JIT caches as jit_*.tar.gz); timeline: a FLASHGDN_TIMELINE build in build-timeline and
 #     bench/timeline.py (phase cycles of the warp-specialized forwards); stage: install the anchor wheels staged so far and stop
 #     (one call per .whl/<group>, bench/notes.md "Anchors"); dist (a multi-GPU kind): build, the
 #     distributed tests (gloo on one GPU, NCCL one GPU per rank) and bench/distributed_scaling.py
@@ -57,7 +57,7 @@ note() { summary+=("$*"); echo "== $*"; }
 # into one logs.tar.gz (unpack with tar xzf).
 pack_logs() {
   local rest
-  rest=$(cd "$OUT" && ls | grep -vE '\.(csv|json)$|^logs\.tar\.gz$')
+  rest=$(cd "$OUT" && ls | grep -vE '\.(csv|json)$|^logs\.tar\.gz$|^jit_.*\.tar\.gz$')
   if [ "$(ls "$OUT" | wc -l)" -gt 8 ] && [ -n "$rest" ]; then
     (cd "$OUT" && tar czf logs.tar.gz $rest && rm -rf $rest)
   fi
@@ -67,6 +67,29 @@ trap pack_logs EXIT
 if [ -d .whl ]; then
   scripts/install_anchors.sh && [ -f "${ANCHOR_SITE:-/tmp/site}/env.sh" ] && . "${ANCHOR_SITE:-/tmp/site}/env.sh"
 fi
+# The anchors' JIT caches (TileLang's kernels for FlashQLA, Triton's for FLA): a fresh machine compiles
+# them inside the benchmark's warm-up calls (session 36: FlashQLA's 33 TileLang kernels took most of a
+# 530 s forward call). The bench mode returns them as $OUT/jit_<name>.tar.gz (at most 15 MiB each, the
+# device tool's limit a file); copied here under .carry/jit_cache/ and carried, they are unpacked first.
+JIT_CACHES="tilelang:.tilelang/cache triton:.triton/cache"
+for cache in .carry/jit_cache/jit_*.tar.gz; do
+  [ -f "$cache" ] && tar xzf "$cache" -C "$HOME" && echo "JIT cache restored: $cache"
+done
+save_jit_caches() {
+  local entry name dir bytes
+  for entry in $JIT_CACHES; do
+    name=${entry%%:*} dir=${entry#*:}
+    [ -d "$HOME/$dir" ] || continue
+    tar czf "$OUT/jit_$name.tar.gz" -C "$HOME" "$dir"
+    bytes=$(stat -c %s "$OUT/jit_$name.tar.gz")
+    if [ "$bytes" -gt $((15 * 1024 * 1024)) ]; then
+      rm -f "$OUT/jit_$name.tar.gz"
+      note "JIT cache $name: $((bytes / 1024 / 1024)) MiB packed, over the 15 MiB a returned file may hold: not returned"
+    else
+      note "JIT cache $name: $((bytes / 1024)) KiB packed in jit_$name.tar.gz (copy to .carry/jit_cache/ and carry it)"
+    fi
+  done
+}
 [ "$MODE" = stage ] && exit 0
 
 kernel_times() {  # ncu time of every kernel of one forward call per configuration (bench/profile_forward.py);
@@ -150,6 +173,7 @@ export PYTHONUNBUFFERED=1
 if [ "$MODE" = bench ]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m flashgdn.bench ${BENCH_ARGS:-} --out "$OUT" >"$OUT/bench.log" 2>&1
   note "benchmark rc=$? (124: stopped by BENCH_TIMEOUT, rows so far kept)"
+  save_jit_caches
   tail -n 40 "$OUT/bench.log"
   echo "================ summary"
   printf '%s\n' "${summary[@]}"
