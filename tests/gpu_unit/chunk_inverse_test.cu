@@ -61,15 +61,8 @@ double to_double(float x) { return x; }
 double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 double to_double(__half x) { return __half2float(x); }
 
-// InverseT: the rows' type as written (__half: the fp32 inverse's fp16 rows, inverse_rows_fp16).
-template <kern::InverseKind I, typename InverseT = kern::InverseType<I>>
-bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const __nv_bfloat16* k_dev,
-         const float* beta_dev, const std::vector<double>& want, double tolerance, std::vector<double>* values = nullptr) {
-  const size_t count = static_cast<size_t>(T) * Hv * C;
-  const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
-  InverseT* inverse = nullptr;
-  cudaMalloc(&inverse, guarded * sizeof(InverseT));
-  cudaMemset(inverse, 0xff, guarded * sizeof(InverseT));  // NaN poison
+// The test's problem for the chunk inverse: one sequence of T tokens, K [T, Hqk, D], beta [T, Hv].
+kern::ForwardParams inverse_problem(const __nv_bfloat16* k_dev, const float* beta_dev) {
   kern::ForwardParams p;
   p.k = k_dev;
   p.k_strides = {static_cast<int64_t>(T) * Hqk * D, Hqk * D, D};
@@ -81,6 +74,19 @@ bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const 
   p.num_qk_heads = Hqk;
   p.num_v_heads = Hv;
   p.max_chunks = kChunks;
+  return p;
+}
+
+// InverseT: the rows' type as written (__half: the fp32 inverse's fp16 rows, inverse_rows_fp16).
+template <kern::InverseKind I, typename InverseT = kern::InverseType<I>>
+bool run(const char* name, kern::InverseMerges merges, int heads_per_cta, const __nv_bfloat16* k_dev,
+         const float* beta_dev, const std::vector<double>& want, double tolerance, std::vector<double>* values = nullptr) {
+  const size_t count = static_cast<size_t>(T) * Hv * C;
+  const size_t guarded = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
+  InverseT* inverse = nullptr;
+  cudaMalloc(&inverse, guarded * sizeof(InverseT));
+  cudaMemset(inverse, 0xff, guarded * sizeof(InverseT));  // NaN poison
+  kern::ForwardParams p = inverse_problem(k_dev, beta_dev);
   p.inverse = inverse;
   p.inverse_rows_fp16 = std::is_same_v<InverseT, __half>;
   p.inverse_heads_per_cta = heads_per_cta;
@@ -137,19 +143,9 @@ template <kern::InverseKind I>
 bool cache_outputs(int heads_per_cta, const __nv_bfloat16* k_dev, const float* beta_dev, const float* g_dev,
                    CacheOutputs& out) {
   const size_t count = static_cast<size_t>(kChunks * C) * Hv * C;  // rows up to the last chunk's end
-  kern::ForwardParams p;
-  p.k = k_dev;
-  p.k_strides = {static_cast<int64_t>(T) * Hqk * D, Hqk * D, D};
-  p.beta = beta_dev;
-  p.beta_strides = {static_cast<int64_t>(T) * Hv, Hv, 1};
+  kern::ForwardParams p = inverse_problem(k_dev, beta_dev);
   p.g = g_dev;
   p.g_strides = {static_cast<int64_t>(T) * Hv, Hv, 1};
-  p.batch = 1;
-  p.seqlen = T;
-  p.num_seqs = 1;
-  p.num_qk_heads = Hqk;
-  p.num_v_heads = Hv;
-  p.max_chunks = kChunks;
   p.inverse_heads_per_cta = heads_per_cta;
   auto* rows = poisoned_device<uint16_t>(count);
   auto* gated = poisoned_device<uint16_t>(count);
