@@ -101,7 +101,15 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
       ForwardTileMaps maps;  // q, k, v (its inverse map is unused)
       if (p.chunk_gates == nullptr || encode_forward_maps(p, E == ElemKind::kF16, &maps) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
-      return launch_per_item<FusedForwardInv<Elem>>(fused_forward_inv_kernel<Elem>, p, items, 1, stream, maps);
+      // The forward keeping the inverse cache (p.gated_inverse_out, with the fp16 rows and the window
+      // terms beside it): its own kernel, without CP only (each chunk in one main-pass item).
+      if (p.gated_inverse_out != nullptr) {
+        if (p.cp_pass != kNoCp || !p.inverse_rows_fp16 || p.inverse == nullptr || p.chunk_window_terms == nullptr)
+          return cudaErrorInvalidValue;
+        return launch_per_item<FusedForwardInv<Elem, true>>(fused_forward_inv_kernel<Elem, true>, p, items, 1, stream,
+                                                             maps);
+      }
+      return launch_per_item<FusedForwardInv<Elem>>(fused_forward_inv_kernel<Elem, false>, p, items, 1, stream, maps);
     }
   }
   if (p.register_state) {  // bf16 inverse only (runtime/forward.cpp refuses the fp32 one)

@@ -49,11 +49,21 @@
 //             (RS, 4)
 //           QK^T columns 32 g .. 32 g + 31 (SS, 8 x m64n32k16; o only) issued with Vd^T; then free[c % 2],
 //           o -> o[c % 2] (stmatrix.trans), copied out under chunk c+1's update
+// kKeepsInverse (the forward keeping the inverse cache, ForwardProblem::inverse_cache; a kernel of its
+// own, so that the default forward's code is unchanged): the aux group writes chunk c in the
+// backward's format (store_inverse_cache) after chunk c's ready, before its wait for the state groups'
+// free of chunk c-1, where the aux, ahead, otherwise idles (~0.9-1.5k cycles a chunk, bench/notes.md;
+// behind, the stores delay chunk c+1's slot issue, whose tiles still land long before chunk c+1's
+// ready): X's valid rows in fp16 as they are (p.inverse: the backward's A_r rows, zeros above the
+// diagonal), Ag = G (.) X (.) 1 beta^T in Elem from the same vectors (p.gated_inverse_out; every chunk,
+// the folded ones too, whose state groups form no Ag), and the chunk's window term
+// (p.chunk_window_terms) from L's diagonal beta_t |k_t|^2; the gate records come from
+// chunk_gates_kernel, pointed into the cache. 16 KiB a chunk by 16-byte stores, 8 a thread.
 // Shared memory (~210 KiB): slots [2] of {q, v [64][128]; p, ag [64][64]} (48 KiB each); k [3][64][128];
 // o [2][64][128]; the inverse's workspace (13 KiB) and x [2] (X in fp16, 9 KiB each); gcum, beta, decay,
 // rho [3][64] fp32, x_scale [64] fp32 (the aux's chunk); mbarriers ready[2] (128 arrivals), free[2]
-// (256), loaded[2] and keys_loaded[3] (1 + TMA bytes). Named barriers: 1 the aux group, 2 + g state
-// group g, 4 both state groups.
+// (256), loaded[2] and keys_loaded[3] (1 + TMA bytes); window_parts [4] fp32 (kKeepsInverse). Named
+// barriers: 1 the aux group, 2 + g state group g, 4 both state groups.
 #pragma once
 
 #include "kernels/sm90/fused_forward_rs.cuh"
@@ -62,7 +72,7 @@
 
 namespace flashgdn::kern {
 
-template <typename Elem>
+template <typename Elem, bool kKeepsInverse = false>
 struct FusedForwardInv {
   using Rs = FusedForwardRs<Elem, __nv_bfloat16>;  // state-group helpers (fragments, o, checkpoints)
   using Aux = typename Rs::Aux;                     // product_p, column_values, chunk_rows, group_sync
@@ -105,6 +115,9 @@ struct FusedForwardInv {
     alignas(8) uint64_t free[2];
     alignas(8) uint64_t loaded[2];                  // slot c % 2: Q, V
     alignas(8) uint64_t keys_loaded[kKeyStages];    // key stage c % 3: K, gate record
+    // kKeepsInverse: aux warp w's window terms of its 16 tokens (last: the other members' offsets, and so
+    // the default kernel's code, are those of the kernel without it)
+    alignas(16) float window_parts[4];
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
 
@@ -173,7 +186,8 @@ struct FusedForwardInv {
   // them (~1.4k cycles a chunk at d96055b) while the state groups waited for it. Per chunk:
   //   wait keys_loaded; a partial chunk's rows past its end zeroed (Q and V's after loaded); group
   //   barrier; the gate tables; K K^T, L, X into x[c % 2] (chunk c-2's Ag was formed from it: the
-  //   whole group waited for free of chunk c-2 at the end of chunk c-1); ready.
+  //   whole group waited for free of chunk c-2 at the end of chunk c-1); ready; kKeepsInverse: chunk
+  //   c's entries of the inverse cache (store_inverse_cache), before the wait for free.
   static __device__ __forceinline__ void run_aux(const ForwardParams& p, const ForwardTileMaps& maps,
                                                  SharedStorage& s, bool with_o, int hk, int h) {
     timeline_mark(p, 0, 0, 10);
@@ -263,6 +277,7 @@ struct FusedForwardInv {
       if (folds) wg::fence_shared_to_async();  // else X is read by ldmatrix (no proxy fence)
       tma::arrive(&s.ready[buf]);
       timeline_mark(p, 0, c, 7);
+      if constexpr (kKeepsInverse) store_inverse_cache(p, s, item, c, stage, buf, h);
       if (c + 1 < num_chunks) {
         // The whole group waits: chunk c+1's X goes into x[(c-1) % 2], which chunk c-1's Ag was formed from.
         if (c >= 1) tma::wait(&s.free[buf ^ 1], static_cast<uint32_t>(((c - 1) >> 1) & 1));
@@ -274,6 +289,90 @@ struct FusedForwardInv {
       if (++stage == kKeyStages) stage = 0, key_phase ^= 1;
     }
     timeline_mark(p, 0, 0, 11);
+  }
+
+  // kKeepsInverse: chunk c's entries of the inverse cache (inverse_cache_layout, runtime/common.h), as
+  // chunk_inverse's fp16 rows beside Ag lay them out: rows b T + t of the chunk's valid tokens, 64
+  // values each, at [(b T + t) Hv + h]. Thread (warp w, lane): the 16-byte vectors of block column w,
+  // columns t = col0 .. col0 + 7 (col0 = 16 w + 8 (lane % 2); their gcum and beta read once, into
+  // registers), row lane / 2 of each block row R (X's vector by one shared load, stored raw, then gated):
+  //   R < w  (above the diagonal, never formed): zeros, both outputs
+  //   R == w Ag[s, t] = 2^(gcum_s - gcum_t) X[s, t] beta_t for t <= s, else 0 (one ex2 an element)
+  //   R > w  2^(gcum_s - gcum_e) col[t] X[s, t], col[t] = 2^(gcum_e - gcum_t) beta_t, e = 16 w + 15 (the
+  //          lane's 8 column factors once, one ex2 a vector; both exponents <= 0, so no overflow)
+  // What it reads stays put meanwhile: x[c % 2] until chunk c+2's inverse, the key stage's gcum and
+  // beta until chunk c+3's keys (issued after chunk c+1's inverse, whose barriers follow these reads;
+  // this chunk's issue writes key stage (c+2) % 3 and slot (c+1) % 2 only).
+  // The window term sum_t g_t + log max(1, |1 - beta_t |k_t|^2|) (chunk_inverse's) takes beta_t
+  // |k_t|^2 from L_ww's diagonal (ws.l_diag_t, beta applied to K K^T in fp32: the same product), each
+  // warp its own block's 16 tokens (it alone rewrites them, in chunk c+1's store_l), summed by thread
+  // 0 after a group barrier (window_parts is rewritten only after chunk c+1's inverse).
+  static __device__ __forceinline__ void store_inverse_cache(const ForwardParams& p, SharedStorage& s,
+                                                             const WorkItem& item, int64_t c, int stage, int buf,
+                                                             int h) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    {
+      const float d = s.inverse.l_diag_t[warp][lane % 16][lane % 16];
+      const float term = warp_sum(lane < 16 ? logf(fmaxf(1.f, fabsf(1.f - d))) : 0.f);
+      if (lane == 0) s.window_parts[warp] = term;
+    }
+    const float* gcum = s.gcum[stage];
+    const typename Inverse::Tile& x = s.x[buf];
+    const int rows = Aux::chunk_rows(item, c), col0 = 16 * warp + 8 * (lane % 2);
+    float g_col[8], beta_col[8], col[8];
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+      const float4 g4 = *reinterpret_cast<const float4*>(gcum + col0 + j);
+      const float4 b4 = *reinterpret_cast<const float4*>(s.beta[stage] + col0 + j);
+      g_col[j] = g4.x, g_col[j + 1] = g4.y, g_col[j + 2] = g4.z, g_col[j + 3] = g4.w;
+      beta_col[j] = b4.x, beta_col[j + 1] = b4.y, beta_col[j + 2] = b4.z, beta_col[j + 3] = b4.w;
+    }
+    const float g_end = gcum[16 * warp + 15];
+    if (warp < 3) {  // block rows below the diagonal block
+#pragma unroll
+      for (int j = 0; j < 8; ++j) col[j] = exp2_approx(g_end - g_col[j]) * beta_col[j];
+    }
+    // row lane / 2 of block row 0, then 16 rows on a block row (64-bit pointer steps, not products)
+    const int64_t block_stride = 16 * static_cast<int64_t>(p.num_v_heads) * kChunk;
+    const int64_t first =
+        ((item.batch * p.seqlen + item.bos + c * kChunk + lane / 2) * p.num_v_heads + h) * kChunk + col0;
+    __half* out = static_cast<__half*>(p.inverse) + first;
+    Elem* gated = static_cast<Elem*>(p.gated_inverse_out) + first;
+#pragma unroll 1  // one vector's temporaries at a time (unrolled, the aux's 120 registers spill)
+    for (int block_row = 0; block_row < 4; ++block_row, out += block_stride, gated += block_stride) {
+      const int row = 16 * block_row + lane / 2;
+      if (row >= rows) break;  // and every later block row's
+      if (block_row < warp) {
+        store_global_16(out, 0u, 0u, 0u, 0u);
+        store_global_16(gated, 0u, 0u, 0u, 0u);
+        continue;
+      }
+      const uint4 raw = x.raw16(row, col0);
+      store_global_16(out, raw.x, raw.y, raw.z, raw.w);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      float a[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
+        a[2 * j] = pair.x, a[2 * j + 1] = pair.y;
+      }
+      const float g_row = gcum[row];
+      if (block_row == warp) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = col0 + j <= row ? exp2_approx(g_row - g_col[j]) * a[j] * beta_col[j] : 0.f;
+      } else {
+        const float row_factor = exp2_approx(g_row - g_end);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] *= row_factor * col[j];
+      }
+      store_global_16(gated, pack_pair<Elem>(a[0], a[1]), pack_pair<Elem>(a[2], a[3]), pack_pair<Elem>(a[4], a[5]),
+                      pack_pair<Elem>(a[6], a[7]));
+    }
+    Aux::group_sync(Aux::kAuxBarrier);  // the four warps' window parts
+    if (threadIdx.x == 0) {
+      const float sum = (s.window_parts[0] + s.window_parts[1]) + (s.window_parts[2] + s.window_parts[3]);
+      p.chunk_window_terms[(item.first_chunk_id + c) * p.num_v_heads + h] = gcum[kChunk - 1] / kLog2e + sum;
+    }
   }
 
   // ---- state groups ---------------------------------------------------------------------------
@@ -466,13 +565,14 @@ struct FusedForwardInv {
   }
 };
 
-template <typename Elem>
+// kKeepsInverse: the forward keeping the inverse cache (FusedForwardInv's header).
+template <typename Elem, bool kKeepsInverse>
 __global__ void __launch_bounds__(384, 1) fused_forward_inv_kernel(const __grid_constant__ ForwardParams p,
                                                                    const __grid_constant__ ForwardTileMaps maps) {
   // Without CP the wait comes later, in each role (fused_forward_starts_early).
   if (!fused_forward_starts_early(p)) wait_for_previous_grid();
   release_next_grid();
-  FusedForwardInv<Elem>::run(p, maps);
+  FusedForwardInv<Elem, kKeepsInverse>::run(p, maps);
 }
 
 }  // namespace flashgdn::kern

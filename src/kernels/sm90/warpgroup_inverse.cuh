@@ -76,7 +76,8 @@ struct WarpgroupInverse {
     // Branch-free: the fp16 blocks left of the diagonal by one stmatrix_x4 per column-block pair jj
     // (matrices (j = 2 jj + m / 2, row half m % 2)), issued only where jj < warp (predicated); L_ww's
     // two column blocks j = 2 warp, 2 warp + 1 picked from the accumulator by warp-uniform selects.
-    // Entries on and above L_ww's diagonal are stored unmasked: stage 2 never reads them.
+    // Entries on and above L_ww's diagonal are stored unmasked: stage 2 never reads them (the fused
+    // forward keeping the inverse cache reads the diagonal, beta_t |k_t|^2, for its window terms).
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c_lane = 2 * (lane % 4);
     const float beta_rows[2] = {beta[16 * warp + r], beta[16 * warp + r + 8]};
 #pragma unroll
