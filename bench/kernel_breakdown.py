@@ -12,7 +12,8 @@ from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as t
     through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
     KERNEL bwd times the backward call instead (chunk_gated_delta_rule_bwd with the host lengths; CP auto,
     off or a segment length as above, or `cache`: given what a forward with the default options keeps, its
-    CP cache where it runs CP and its inverse cache where it runs the register-state kernel, as the
+    CP cache where it runs CP and its inverse cache (every call but decode-sized and shard ones: written
+    by the register-state kernel's chunk inverse, or by the inverse-inside kernel itself), as the
     benchmark's bwd rows). KERNEL keep times that forward (ops.forward_into writing those caches).
 """
 

@@ -40,8 +40,8 @@ struct CpCacheShape {
 Status forward_cp_cache_shape(const ForwardProblem& problem, CpCacheShape* shape);
 
 // The bytes of a forward call's inverse cache (ForwardProblem::inverse_cache, for the backward): 0 where
-// the call runs no chunk inverse the backward can take (the inverse-inside kernel, decode-sized calls,
-// shard phases; then inverse_cache must be absent). Host-only: no device access, no sync. Validates
+// the call runs no chunk inverse the backward can take (decode-sized calls, shard phases; then
+// inverse_cache must be absent). Host-only: no device access, no sync. Validates
 // the inputs first (the outputs may be absent).
 Status forward_inverse_cache_bytes(const ForwardProblem& problem, std::size_t* bytes);
 

@@ -134,10 +134,13 @@ struct ForwardProblem {
   // forward_inverse_cache_bytes, in the library's own layout (pass it to the backward unchanged): what
   // this call's chunk inverse forms and the backward would form again from the inputs (A_r, which the
   // gradients differentiate through, as the fp16 merges' exact fp16 rows; Ag; the chunks' gate records
-  // and decay-window terms). Only for a call that runs the chunk inverse in the backward's format
-  // (forward_inverse_cache_bytes > 0: the register-state kernel with the default fp16-merged inverse,
-  // no shard phases); it costs the forward the A_r rows' store (128 B a token and v-head). The
-  // backward's gradients with it equal those without, bit for bit.
+  // and decay-window terms). Only for a call that forms the chunk inverse in the backward's format
+  // (forward_inverse_cache_bytes > 0: the default fp16-merged inverse, in the register-state kernel or,
+  // without CP, the inverse-inside kernel; no shard phases). On the register-state kernel it costs the
+  // forward the A_r rows' store (128 B a token and v-head) and the backward's gradients with it equal
+  // those without, bit for bit; the inverse-inside kernel stores its own A_r and Ag (256 B a token and
+  // v-head), whose fp16 rounding differs from the backward's chunk inverse, so the gradients differ
+  // from those without by about that rounding (within the same tolerances of the exact ones).
   TensorRef inverse_cache;
 };
 

@@ -290,8 +290,10 @@ def new_inverse_cache(q, k, v, g, beta, initial_state, cu_seqlens, scale: float,
     """The inverse cache of a forward with these arguments and the default kernel and inverse
     (flashgdn::forward_inverse_cache_bytes: host-only, no device sync), uninitialised uint8, for
     forward_into(inverse_cache=); None where that forward runs no chunk inverse the backward can take
-    (the inverse-inside kernel, decode-sized calls) or on the CPU. It holds A_r and Ag (256 B a token and
-    v-head) and the chunks' gate records."""
+    (decode-sized calls) or on the CPU. It holds A_r and Ag (256 B a token and v-head), the chunks' gate
+    records and window terms: the register-state forward's chunk inverse writes the backward's own bytes,
+    the inverse-inside forward its own inverse (the gradients then within the oracle tolerances, not
+    bit for bit those without the cache)."""
     if q.device.type != "cuda":
         return None
     if cu_seqlens_cpu is not None:

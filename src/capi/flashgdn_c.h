@@ -89,7 +89,7 @@ int flashgdn_forward_workspace_size(const flashgdn_inputs* in, const flashgdn_fo
 int flashgdn_forward_cp_cache_shape(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                     int64_t* segment_chunks, int64_t* segments, char* msg, int msg_len);
 /* The bytes of the forward's inverse cache (flashgdn::forward_inverse_cache_bytes): 0 where the forward runs
- * no chunk inverse the backward can take. Host-only, no sync. */
+ * no chunk inverse the backward can take (decode-sized calls, shard phases). Host-only, no sync. */
 int flashgdn_forward_inverse_cache_bytes(const flashgdn_inputs* in, const flashgdn_forward_outputs* out,
                                          size_t* bytes, char* msg, int msg_len);
 int flashgdn_forward(const flashgdn_inputs* in, const flashgdn_forward_outputs* out, int variant,

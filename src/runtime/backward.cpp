@@ -33,7 +33,8 @@
 // d_final_state and the rest, on kMaps' workspace.
 //
 // With the forward's inverse cache (BackwardProblem::inverse_cache) no chunk_inverse runs: A_r, Ag, the
-// gate records and the window terms are read from the cache, and the workspace holds none of them.
+// gate records and the window terms are read from the cache, and the workspace holds none of them
+// (written by v4's chunk inverse, the bytes this backward would form; by v5, its own inverse's).
 // Workspace, after the input regions: A_r [B*T, Hv, 64] (fp32 with inverse_fp32, else fp16); Ag
 // [B*T, Hv, 64] and chunk_states [chunks, Hv, 128, 128] in q's dtype; the gate records fp32 [chunks,
 // Hv, 128]; chunk_grad_states [chunks, Hv, 128, 128] in q's dtype and final_grad_dots fp32 [chunks,

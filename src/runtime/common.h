@@ -51,9 +51,11 @@ int32_t cp_slice_cols(int64_t num_sequences, int32_t num_v_heads);
 Status check_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 
 // The forward's inverse cache for its backward (ForwardProblem::inverse_cache): what the chunk inverse
-// writes in the backward's format, for inputs in their batch view. Offsets from the cache's start.
+// writes in the backward's format (or v5's kKeepsInverse kernel, fused_forward_inv.cuh, in the same
+// format), for inputs in their batch view. Offsets from the cache's start.
 struct InverseCacheLayout {
-  std::size_t inverse = 0;        // A_r's rows, fp16 [B*T, Hv, 64] (the fp16 merges' values, exact)
+  std::size_t inverse = 0;        // A_r's rows, fp16 [B*T, Hv, 64] (the fp16 merges' values, exact; zeros above
+                                  // the diagonal)
   std::size_t gated_inverse = 0;  // Ag [B*T, Hv, 64] in q's dtype
   std::size_t chunk_gates = 0;    // the gate records, fp32 [chunk bound, Hv, 128]
   std::size_t window_terms = 0;   // the decay-window terms, fp32 [chunk bound, Hv]

@@ -7,7 +7,7 @@
 //   [chunk_offsets]    only in varlen mode: first global chunk of each sequence (with CP also the
 //                      first segment of each sequence, in the same launch); none where the host copy
 //                      of cu_seqlens shows equal lengths filling the token axis (batch_view)
-//   chunk_inverse      A_r per (chunk, v-head) into the workspace
+//   chunk_inverse      A_r per (chunk, v-head) into the workspace (v5: chunk_gates, the gate records)
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
 //     cp_windows, fused_forward (state pass), cp_correction
 //   fused_forward      per (sequence or segment, v-head): o and the final state
@@ -230,7 +230,8 @@ bool use_recurrent_decode(const ForwardProblem& problem) {
 }
 
 bool forms_reusable_inverse(const ForwardLayout& layout, FusedKernel kernel, kern::InverseKind inverse) {
-  return !layout.decode && kernel == FusedKernel::kRegisterState && inverse == kern::InverseKind::kBF16;
+  if (layout.decode || inverse != kern::InverseKind::kBF16) return false;
+  return kernel == FusedKernel::kRegisterState || (kernel == FusedKernel::kInverseInside && !layout.cp.enabled);
 }
 
 ForwardLayout forward_layout(const ForwardProblem& given, kern::InverseKind inverse) {
@@ -309,8 +310,9 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   if (caches_inverse) {
     if (!forms_reusable_inverse(layout, kernel, inverse))
       return {StatusCode::kInvalidArgument,
-              "inverse_cache: this call runs no chunk inverse the backward can take (the register-state kernel "
-              "with the default inverse does; forward_inverse_cache_bytes gives 0 here): leave it absent"};
+              "inverse_cache: this call runs no chunk inverse the backward can take (the default inverse does in the "
+              "register-state kernel, and in the inverse-inside kernel without CP; forward_inverse_cache_bytes gives 0 "
+              "where the default kernel forms none): leave it absent"};
     if (auto s = check_inverse_cache_size(problem.inverse_cache, inverse_cache_layout(problem.in)); !s.ok()) return s;
   }
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
@@ -351,7 +353,8 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   if (layout.cp.enabled && p.gated_inverse)
     p.chunk_window_terms = reinterpret_cast<float*>(ws + layout.chunk_window_terms);
   // The inverse cache: the chunk inverse in the backward's format (A_r's fp16 rows beside Ag, the
-  // window terms with or without CP), so that the backward runs none; v4 then reads Ag from the cache.
+  // window terms with or without CP), so that the backward runs none; v4 then reads Ag from the cache,
+  // v5 writes all of it itself (its kKeepsInverse kernel) beside the gate records of chunk_gates.
   if (caches_inverse) bind_inverse_cache(p, problem.inverse_cache, inverse_cache_layout(problem.in));
 
   const kern::ElemKind elem = elem_kind(problem.in);
@@ -363,13 +366,14 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
                                         : Status{};
   }
   const ShardPhase phase = problem.shard_phase;
-  if (caches_inverse) {
+  if (caches_inverse && !inverse_inside) {
     // the backward's chunk-inverse outputs (A_r's fp16 rows beside Ag) by the 16-bit inverse: the fp32
     // one's bytes at 5 or 6 CTAs a SM where that has 4 (chunk_inverse_ctas_per_sm); then v4 on Ag
     if (auto s = launch_chunk_inverse(p, elem, kern::InverseKind::kBF16, kern::InverseMerges::kHalf, stream); !s.ok())
       return s;
     p.inverse = p.gated_inverse_out;
-  } else if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records)
+  } else if (phase != ShardPhase::kFinish) {  // kFinish reuses kMaps' inverse (or gate records); v5 keeping
+                                               // the inverse cache: its gate records go there
     if (auto s = inverse_inside ? cuda_status(kern::launch_chunk_gates(p, stream), "chunk_gates")
                                 : launch_chunk_inverse(p, elem, inverse,
                                                        inverse == kern::InverseKind::kF32 ? kern::InverseMerges::kSplit

@@ -114,8 +114,10 @@ struct ForwardLayout {
 // mode: uniform_sequence_length in common.h).
 ForwardLayout forward_layout(const ForwardProblem& problem, kern::InverseKind inverse);
 
-// Whether a forward of this plan, fused kernel and inverse storage runs the chunk inverse whose outputs
-// the backward can take (the inverse cache): the register-state kernel with the bf16 (fp16-merged) inverse.
+// Whether a forward of this plan, fused kernel and inverse storage forms the chunk inverse the backward
+// can take (the inverse cache) with the bf16 (fp16-merged) inverse: the register-state kernel (its chunk
+// inverse writes the backward's bytes), or the inverse-inside kernel without CP (its kKeepsInverse build
+// writes its own X and Ag: the same format, not the same bytes).
 bool forms_reusable_inverse(const ForwardLayout& layout, FusedKernel kernel, kern::InverseKind inverse);
 
 // Variants that measurements and tests pin (the public entry points use the defaults).

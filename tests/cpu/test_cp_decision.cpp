@@ -1,6 +1,7 @@
 // The forward's context-parallelism decision (runtime/forward.cpp, decide_cp): segment counts with
 // host lengths (exact) and without (a bound), forced and automatic modes; and the fused kernel the
-// automatic choice takes (auto_forward_kernel: v5 where the resident items fill 40% of the SMs without CP).
+// automatic choice takes (auto_forward_kernel: v5 where the resident items fill 40% of the SMs without CP),
+// and which of them fill the inverse cache (forms_reusable_inverse).
 // Host code only (no GPU: 132 SMs assumed); built when the kernels are.
 #ifdef FLASHGDN_WITH_KERNELS
 #include <gtest/gtest.h>
@@ -112,6 +113,27 @@ TEST(AutoForwardKernel, InverseInsideFromTwoFifthsOfTheSmsWithoutCp) {
   Inputs long_one = batch_inputs(1, 32768, 32, ContextParallel::kAuto);
   long_one.varlen = {&device_stand_in, DType::kI32, 2, skewed.data()};
   EXPECT_EQ(auto_forward_kernel(long_one, false, ShardPhase::kNone), FusedKernel::kRegisterState);
+}
+
+// Which forwards can fill the inverse cache: v4 (its chunk inverse writes the backward's format, with or
+// without CP) and v5 without CP (its kKeepsInverse kernel: one main-pass item a chunk), with the
+// default bf16 (fp16-merged) inverse only; never a decode-sized call (no inverse at all) or another kernel.
+TEST(InverseCache, FormedByV4AndByV5WithoutCp) {
+  ForwardLayout layout;
+  const kern::InverseKind bf16 = kern::InverseKind::kBF16, f32 = kern::InverseKind::kF32;
+  EXPECT_TRUE(forms_reusable_inverse(layout, FusedKernel::kRegisterState, bf16));
+  EXPECT_TRUE(forms_reusable_inverse(layout, FusedKernel::kInverseInside, bf16));
+  EXPECT_FALSE(forms_reusable_inverse(layout, FusedKernel::kRegisterState, f32));
+  EXPECT_FALSE(forms_reusable_inverse(layout, FusedKernel::kInverseInside, f32));
+  for (FusedKernel other : {FusedKernel::kMmaSync, FusedKernel::kWgmma, FusedKernel::kWarpSpecialized})
+    EXPECT_FALSE(forms_reusable_inverse(layout, other, bf16));
+  layout.cp.enabled = true;
+  EXPECT_TRUE(forms_reusable_inverse(layout, FusedKernel::kRegisterState, bf16));
+  EXPECT_FALSE(forms_reusable_inverse(layout, FusedKernel::kInverseInside, bf16));
+  layout.cp.enabled = false;
+  layout.decode = true;
+  EXPECT_FALSE(forms_reusable_inverse(layout, FusedKernel::kRegisterState, bf16));
+  EXPECT_FALSE(forms_reusable_inverse(layout, FusedKernel::kInverseInside, bf16));
 }
 
 }  // namespace

@@ -165,7 +165,7 @@ def run_backward(cfg: Config, ctx: Context, directions: tuple[str, ...]) -> list
 
     leaves = anchors_mod._leaves(x)
     # flashgdn's low-level backward after a forward: given what that forward keeps (its CP cache where it
-    # ran CP, its chunk inverse where it ran the register-state kernel), as FlashQLA's published backward
+    # ran CP, its chunk inverse unless decode-sized: v4's chunk inverse or v5's own), as FlashQLA's published backward
     # reuses its forward's A and CP cache; else from the inputs alone
     caches = forward_caches(x, cu, cu_cpu, scale)
     ours_fns = {
