@@ -239,11 +239,15 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   // The state update's operand as hi + lo where a final-state gradient is given: <dht, S> then sets
   // the last tokens' dg (bench/notes.md, session 16: the 1-row last chunk's tail); +5-13% pre-pass.
   p.exact_state_update = problem.d_final_state.present();
+  // With the cache no chunk inverse runs: the pre-pass follows chunk_offsets, whose tables its early
+  // start would read before that kernel has written them (fused_forward_starts_early)
+  p.item_tables_pending = cached && layout.inputs.chunk_table;
   if (auto s = launch_forward_passes(p, elem, kern::InverseKind::kBF16, ws + layout.chunk_states, stream, 0,
                                      FusedKernel::kRegisterState, stages);
       !s.ok())
     return s;
   p.exact_state_update = false;
+  p.item_tables_pending = false;
   p.inverse = inverse_rows;
   p.gated_inverse = false;
 

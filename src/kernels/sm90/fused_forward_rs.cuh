@@ -66,7 +66,11 @@ namespace flashgdn::kern {
 // chunk 0's tiles (aux_loop), the state groups after the initial state (start_item; they read only
 // what the aux's tiles bring). With CP the kernel waits first: the main pass starts from
 // cp_correction's states, the state pass's items read cp_windows' windows.
-__device__ __forceinline__ bool fused_forward_starts_early(const ForwardParams& p) { return p.cp_pass == kNoCp; }
+// Not where the previous kernel writes the item tables (p.item_tables_pending: the backward with the
+// inverse cache runs its pre-pass right after item_offsets).
+__device__ __forceinline__ bool fused_forward_starts_early(const ForwardParams& p) {
+  return p.cp_pass == kNoCp && !p.item_tables_pending;
+}
 
 template <typename Elem, typename InverseT>
 struct FusedForwardRs {

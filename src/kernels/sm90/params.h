@@ -52,6 +52,10 @@ struct ForwardParams {
 
   // Workspace.
   int32_t* chunk_offsets = nullptr;  // varlen: first global chunk of each sequence (num_seqs + 1)
+  // The stream's previous kernel writes the item tables (chunk_offsets): v4 and v5 wait before their
+  // item lookups instead of starting early (fused_forward_starts_early). The backward with the inverse
+  // cache, whose pre-pass follows item_offsets directly.
+  bool item_tables_pending = false;
   int64_t max_chunks = 0;            // launch bound on the number of chunks
   int32_t v_split = 1;               // fused forward: CTAs per (sequence or segment, v-head), 1 or 2,
                                      // each with 128 / v_split value columns of the state
