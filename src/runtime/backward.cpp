@@ -3,7 +3,7 @@
 //
 // Launch sequence (the pre-pass recomputes what the forward does not keep):
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
-//   [chunk_offsets]    only in varlen mode
+//   [chunk_offsets]    only in varlen mode (and the sequences longest first, as the forward's)
 //   chunk_inverse      A_r per (chunk, v-head) (the backward differentiates through it: fp16 rows with
 //                      the default fp16 merges, exact; fp32 with inverse_fp32), and for the pre-pass
 //                      Ag in the input dtype and the chunks' gate records
@@ -178,7 +178,7 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
   kern::BackwardParams bp;
   kern::ForwardParams& p = bp.fwd;
   if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p, cp_segment_offsets(in, layout.cp, layout.cp_regions, ws),
-                              layout.cp.segment_chunks);
+                              layout.cp.segment_chunks, orders_sequences(in, layout.inputs, layout.cp.enabled));
       !s.ok())
     return s;
   const bool cached = problem.inverse_cache.present();

@@ -144,6 +144,11 @@ InputLayout input_layout(const Inputs& in, bool chunk_table) {
     layout.chunk_offsets = offset;
     offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs + 1) * sizeof(int32_t));
   }
+  layout.order_table = layout.chunk_table && in.varlen.num_seqs <= kern::kMaxOrderedSequences;
+  if (layout.order_table) {
+    layout.sequence_order = offset;
+    offset = align_up(offset + static_cast<std::size_t>(in.varlen.num_seqs) * sizeof(int32_t));
+  }
   if (in.use_qk_l2norm_in_kernel) {
     const std::size_t qk_bytes = static_cast<std::size_t>(s.batch * s.seqlen * s.num_qk_heads) * 128 * 2;
     layout.q_normalized = offset;
@@ -155,8 +160,17 @@ InputLayout input_layout(const Inputs& in, bool chunk_table) {
   return layout;
 }
 
+bool orders_sequences(const Inputs& in, const InputLayout& layout, bool cp) {
+  // no chunks (the host copy shows only empty sequences): nothing to order, and no chunk inverse or gate
+  // kernel runs between item_offsets and the per-item kernels, which read the order before their wait
+  if (!layout.order_table || cp || in.varlen.num_seqs * in.shape.num_v_heads <= num_sms() || chunk_bound(in) == 0)
+    return false;
+  const char* forced = std::getenv("FLASHGDN_SEQUENCE_ORDER");
+  return forced == nullptr || std::strcmp(forced, "natural") != 0;
+}
+
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* ws, cudaStream_t stream,
-                      kern::ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks) {
+                      kern::ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks, bool longest_first) {
   const Shape& shape = in.shape;
   const kern::ElemKind elem = elem_kind(in);
   p.q = in.q.data;
@@ -203,9 +217,13 @@ Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char
   p.cu_seqlens = in.varlen.cu_seqlens;
   p.cu_seqlens_is_i64 = in.varlen.dtype == DType::kI64;
   p.chunk_offsets = layout.chunk_table ? reinterpret_cast<int32_t*>(ws + layout.chunk_offsets) : nullptr;
+  int32_t* sequence_order =
+      longest_first && layout.order_table ? reinterpret_cast<int32_t*>(ws + layout.sequence_order) : nullptr;
+  p.sequence_order = sequence_order;
   p.max_chunks = chunk_bound(in);
   if (layout.chunk_table)
-    return cuda_status(kern::launch_chunk_offsets(p, segment_offsets, segment_chunks, stream), "chunk_offsets");
+    return cuda_status(kern::launch_chunk_offsets(p, segment_offsets, segment_chunks, sequence_order, stream),
+                       "chunk_offsets");
   return {};
 }
 

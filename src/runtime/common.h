@@ -75,6 +75,8 @@ kern::ElemKind elem_kind(const Inputs& in);
 struct InputLayout {
   bool chunk_table = false;       // varlen calls whose kernels need the chunk table (all but decode)
   std::size_t chunk_offsets = 0;  // int32 [N + 1], with chunk_table only
+  bool order_table = false;        // with chunk_table and N <= kern::kMaxOrderedSequences
+  std::size_t sequence_order = 0;  // int32 [N], with order_table only (ForwardParams::sequence_order)
   std::size_t q_normalized = 0;   // [B, T, Hqk, 128], with use_qk_l2norm_in_kernel only
   std::size_t k_normalized = 0;
   std::size_t end = 0;            // first byte after them
@@ -83,12 +85,21 @@ struct InputLayout {
 // cu_seqlens directly): a varlen call builds the table only then.
 InputLayout input_layout(const Inputs& in, bool chunk_table = true);
 
+// Whether the call's per-item kernels (v4, v5, the dS pass) take the sequences longest first
+// (ForwardParams::sequence_order): varlen without CP (`cp`: the call runs intra-card CP, whose segments
+// are balanced by its cut) with the order table, more items (N Hv) than SMs (within one wave the order
+// changes nothing) and some chunk (chunk_bound), unless the environment variable FLASHGDN_SEQUENCE_ORDER
+// is "natural" (read at every call: the tests' and A/B runs' switch; the results are bitwise the same
+// either way, the workspace too).
+bool orders_sequences(const Inputs& in, const InputLayout& layout, bool cp);
+
 // The input side of p: q, k (L2-normalised into the workspace when asked, launching l2norm_rows),
 // v, g, beta, initial_state, problem sizes, varlen tables (with layout.chunk_table, launching chunk_offsets; with
 // segment_offsets, a varlen CP call's segment table of segment_chunks-chunk segments in the same
-// launch: bind_cp then only binds it).
+// launch: bind_cp then only binds it; with longest_first, orders_sequences' answer, the sequence order
+// in the same launch too, bound to p.sequence_order).
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* workspace, cudaStream_t stream,
-                      kern::ForwardParams& p, int32_t* segment_offsets = nullptr, int64_t segment_chunks = 0);
+                      kern::ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks, bool longest_first);
 
 }  // namespace flashgdn::detail
 

@@ -5,7 +5,8 @@
 //   [l2norm_rows x2]   only with use_qk_l2norm_in_kernel: normalised q, k into the workspace
 //   (short sequences, use_recurrent_decode: recurrent_decode and [zero_padding] only)
 //   [chunk_offsets]    only in varlen mode: first global chunk of each sequence (with CP also the
-//                      first segment of each sequence, in the same launch); none where the host copy
+//                      first segment of each sequence, in the same launch; without CP past one wave
+//                      the sequences longest first, orders_sequences); none where the host copy
 //                      of cu_seqlens shows equal lengths filling the token axis (batch_view)
 //   chunk_inverse      A_r per (chunk, v-head) into the workspace (v5: chunk_gates, the gate records)
 //   with intra-card CP (decide_cp; kernels and math in kernels/sm90/cp_kernels.cu):
@@ -320,7 +321,8 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::ForwardParams p;
   if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p,
-                              cp_segment_offsets(problem.in, layout.cp, layout.cp_regions, ws), layout.cp.segment_chunks);
+                              cp_segment_offsets(problem.in, layout.cp, layout.cp_regions, ws),
+                              layout.cp.segment_chunks, orders_sequences(problem.in, layout.inputs, layout.cp.enabled));
       !s.ok())
     return s;
   p.timeline = g_timeline;

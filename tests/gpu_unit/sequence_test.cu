@@ -3,11 +3,19 @@
 // chunk's own (the hint a persistent CTA carries from its previous item) must agree with
 // locate_chunk's binary search: the same validity, sequence, batch entry, first token and rows. Cases:
 // varlen with empty sequences and 1-, 63-, 64-, 65-token ones (int32 and int64 cu_seqlens), and
-// batch mode. Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
+// batch mode. Then the sequence order (order_longest_first, in one block of 1024 threads as
+// item_offsets runs it) against a stable sort by decreasing length on the host, and the CTAs' items
+// (item_sequence_and_head) of the launchers' grid with that order ((1, Hv, N)), without it and with CP
+// ((N, Hv)): CTA i in dispatch order (x fastest, then y, z) must run v-head i % Hv of sequence
+// order[i / Hv], resp. v-head i / N of sequence i % N. Cases: ties, empty
+// sequences, N = 1, all lengths equal, N past the block size and at kMaxOrderedSequences, int64
+// cu_seqlens. Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <vector>
 
 #include "kernels/sm90/sequence.cuh"
@@ -105,6 +113,109 @@ int run_case(const char* name, const std::vector<int64_t>& lengths, bool batch_m
   return found == 0 ? 0 : 1;
 }
 
+__global__ void sequence_order(const kern::ForwardParams p, int32_t* order) {
+  __shared__ uint64_t keys[kern::kMaxOrderedSequences];
+  kern::order_longest_first(p, order, keys);
+}
+
+// item_of_cta[linear CTA index, x fastest, then y, then z: the dispatch order] = sequence * Hv + head.
+__global__ void record_items(const kern::ForwardParams p, int64_t* item_of_cta) {
+  const kern::ItemIndex at = kern::item_sequence_and_head(p);
+  const int64_t linear =
+      blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  item_of_cta[linear] = at.x * p.num_v_heads + at.h;
+}
+
+// The CTAs' items of the launchers' grid (forward_launch.cuh launch_per_item: (1, Hv, N) under the
+// sequence order, else (N, Hv)) against `want` (per linear CTA index); the count of mismatches.
+int check_items(const kern::ForwardParams& p, const std::vector<int64_t>& want, const char* name, const char* mode) {
+  int64_t* items = nullptr;
+  cudaMalloc(&items, want.size() * sizeof(int64_t));
+  const unsigned n = static_cast<unsigned>(p.num_seqs), heads = static_cast<unsigned>(p.num_v_heads);
+  record_items<<<kern::heads_fastest(p) ? dim3(1, heads, n) : dim3(n, heads), 32>>>(p, items);
+  std::vector<int64_t> got(want.size(), -1);
+  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
+    std::printf("%s (%s): CUDA error: %s\n", name, mode, cudaGetErrorString(err));
+  else
+    cudaMemcpy(got.data(), items, want.size() * sizeof(int64_t), cudaMemcpyDeviceToHost);
+  cudaFree(items);
+  int wrong = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (++wrong <= kKeep)
+      std::printf("  %s: CTA %zu runs item %lld, want %lld\n", mode, i, static_cast<long long>(got[i]),
+                  static_cast<long long>(want[i]));
+  }
+  return wrong;
+}
+
+template <typename Index>
+int run_order_case(const char* name, const std::vector<int64_t>& lengths, int num_v_heads) {
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  std::vector<Index> cu_seqlens{0};
+  for (int64_t length : lengths) cu_seqlens.push_back(static_cast<Index>(cu_seqlens.back() + length));
+  std::vector<int32_t> want(lengths.size());
+  std::iota(want.begin(), want.end(), 0);
+  std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return lengths[a] > lengths[b]; });
+
+  kern::ForwardParams p;
+  void* cu_device = nullptr;
+  int32_t* order_device = nullptr;
+  cudaMalloc(&cu_device, cu_seqlens.size() * sizeof(Index));
+  cudaMemcpy(cu_device, cu_seqlens.data(), cu_seqlens.size() * sizeof(Index), cudaMemcpyHostToDevice);
+  cudaMalloc(&order_device, lengths.size() * sizeof(int32_t));
+  cudaMemset(order_device, 0xFF, lengths.size() * sizeof(int32_t));
+  p.batch = 1;
+  p.seqlen = static_cast<int64_t>(cu_seqlens.back());
+  p.num_seqs = n;
+  p.num_v_heads = num_v_heads;
+  p.cu_seqlens = cu_device;
+  p.cu_seqlens_is_i64 = sizeof(Index) == 8;
+  sequence_order<<<1, 1024>>>(p, order_device);
+  std::vector<int32_t> got(lengths.size(), -1);
+  int wrong = 0;
+  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+    std::printf("%s: CUDA error: %s\n", name, cudaGetErrorString(err));
+    wrong = 1;
+  } else {
+    cudaMemcpy(got.data(), order_device, lengths.size() * sizeof(int32_t), cudaMemcpyDeviceToHost);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (got[r] == want[r]) continue;
+    if (++wrong <= kKeep)
+      std::printf("  rank %lld: sequence %d, want %d\n", static_cast<long long>(r), got[r], want[r]);
+  }
+  // The CTAs' items: longest first with the order, else (x, y) (also with the order under CP)
+  std::vector<int64_t> ordered(static_cast<std::size_t>(n * num_v_heads)), natural(ordered.size());
+  for (int64_t i = 0; i < n * num_v_heads; ++i) {
+    ordered[i] = int64_t{want[i / num_v_heads]} * num_v_heads + i % num_v_heads;
+    natural[i] = (i % n) * num_v_heads + i / n;
+  }
+  p.sequence_order = order_device;
+  wrong += check_items(p, ordered, name, "ordered");
+  p.cp_pass = kern::kCpMainPass;
+  wrong += check_items(p, natural, name, "CP");
+  p.cp_pass = kern::kNoCp;
+  p.sequence_order = nullptr;
+  wrong += check_items(p, natural, name, "natural");
+  cudaFree(cu_device);
+  cudaFree(order_device);
+  std::printf("%s: %lld sequences x %d v-heads, %d mismatches: %s\n", name, static_cast<long long>(n), num_v_heads,
+              wrong, wrong == 0 ? "ok" : "FAIL");
+  return wrong == 0 ? 0 : 1;
+}
+
+// n lengths in [0, range) from a fixed linear congruential sequence (many ties where range << n).
+std::vector<int64_t> pseudo_random_lengths(int64_t n, int64_t range) {
+  std::vector<int64_t> lengths(static_cast<std::size_t>(n));
+  uint32_t state = 12345;
+  for (int64_t& length : lengths) {
+    state = state * 1664525u + 1013904223u;
+    length = static_cast<int64_t>((state >> 8) % static_cast<uint32_t>(range));
+  }
+  return lengths;
+}
+
 }  // namespace
 
 int main() {
@@ -115,5 +226,17 @@ int main() {
   failures += run_case<int64_t>("varlen, int64 cu_seqlens", varlen, false);
   failures += run_case<int32_t>("varlen, one sequence", {1000}, false);
   failures += run_case<int32_t>("batch mode 5 x 200", {200, 200, 200, 200, 200}, true);
+  const std::vector<int64_t> ties{65, 0, 1, 64, 0, 0, 63, 300, 1, 4133, 0, 129, 64, 300, 65};
+  failures += run_order_case<int32_t>("order: ties and empty sequences", ties, 32);
+  failures += run_order_case<int64_t>("order: int64 cu_seqlens", ties, 5);
+  failures += run_order_case<int32_t>("order: the bwd table's (16,32) row",
+                                      {161, 1928, 3157, 563, 1244, 229, 177, 733}, 32);
+  failures += run_order_case<int32_t>("order: one sequence", {1000}, 64);
+  failures += run_order_case<int32_t>("order: one empty sequence", {0}, 3);
+  failures += run_order_case<int32_t>("order: equal lengths", std::vector<int64_t>(100, 64), 7);
+  failures += run_order_case<int32_t>("order: 1025 sequences", pseudo_random_lengths(1025, 3000), 2);
+  failures += run_order_case<int32_t>("order: 2049 sequences, many ties", pseudo_random_lengths(2049, 20), 1);
+  failures += run_order_case<int32_t>("order: kMaxOrderedSequences",
+                                      pseudo_random_lengths(kern::kMaxOrderedSequences, 5000), 3);
   return failures == 0 ? 0 : 1;
 }

@@ -18,7 +18,8 @@
 //   D^T'  [64v,128k] = e^gamma D^T + dU^T K + dO^T (s Gamma Q)   (D' = e^gamma D + K^T dU + Q^T s Gamma dO)
 // Every factor is at most 1 (gcum falls within a chunk), so no scaling overflows.
 //
-// Grid (max segments, Hv); block 384 threads = 3 warpgroups, v4's shared memory (193 KiB) and ring.
+// Grid (N sequences or max segments, Hv), or (1, Hv, N) with the sequence order (the sequences longest
+// first, sequence.cuh heads_fastest); block 384 threads = 3 warpgroups, v4's shared memory (193 KiB) and ring.
 //   aux   (warpgroup 0; v4's register budget): aux_loop<kLoadAg, kReverse> with dO in V's boxes
 //         (the launcher's tensor maps) and Ag from the gated copy of the backward's chunk inverse
 //         (fwd.gated_inverse_out), gate records from fwd.chunk_gates. Per chunk, in the slot (row and
@@ -427,8 +428,9 @@ struct BackwardDsPass {
     auto& s = *reinterpret_cast<SharedStorage*>(smem_ds);
     const ForwardParams& p = bp.fwd;
     const int h = blockIdx.y;
-    // The item once for every role (its lookups are ~250 instructions a copy: cold code on a short item)
-    const BackwardItem item = backward_item(bp, blockIdx.x, h);
+    // The item once for every role (its lookups are ~250 instructions a copy: cold code on a short item),
+    // longest first with the sequence order (item_sequence_and_head)
+    const BackwardItem item = backward_item(bp, item_sequence_and_head(p).x, h);
     if (!item.valid) return;
     if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
     __syncthreads();

@@ -41,8 +41,9 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); err != cudaSuccess)
     return err;
   // after the previous kernel has completed (grid_dependency.cuh: LaunchOrder::kAfter)
-  return launch_kernel<LaunchOrder::kAfter>(kernel, dim3(static_cast<unsigned>(items), p.fwd.num_v_heads), Pass::kThreads,
-                                            smem, stream, p, maps, grad_map);
+  const dim3 grid = heads_fastest(p.fwd) ? dim3(1, p.fwd.num_v_heads, static_cast<unsigned>(items))  // longest first
+                                         : dim3(static_cast<unsigned>(items), p.fwd.num_v_heads);
+  return launch_kernel<LaunchOrder::kAfter>(kernel, grid, Pass::kThreads, smem, stream, p, maps, grad_map);
 }
 
 // The gradient pass over every (chunk, v-head), one persistent CTA per SM: chunk_states,

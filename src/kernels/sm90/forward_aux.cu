@@ -1,7 +1,8 @@
 // Small forward kernels around the main two:
 //   l2norm_rows     one warp per 128-vector: x / sqrt(sum(x^2) + 1e-6) into a contiguous copy
 //   item_offsets    one block: exclusive prefix sum over the sequences of their chunks or CP
-//                   segments (varlen)
+//                   segments (varlen); with the chunk table also the sequences longest first
+//                   (ForwardParams::sequence_order, order_longest_first in sequence.cuh)
 //   zero_padding    grid-stride: o rows of tokens past cu_seqlens[N] set to zero (varlen)
 //   chunk_gates     one block per (chunk, 32 v-heads): the chunk's gate records (chunk_gates.cuh)
 //                   for the forward that forms A_r itself (fused_forward_inv.cuh)
@@ -43,9 +44,10 @@ __global__ void l2norm_rows_kernel(const Elem* src, int64_t batch, int64_t token
 // offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / chunks_per_item): chunks (1) or CP segments;
 // with whole_items, sum_{j < i} floor(len_j / (64 chunks_per_item)): state checkpoints. With `second`
 // (a varlen CP call's segment table, computed in the chunk table's launch), also second[i] = sum_{j < i}
-// ceil(ceil(len_j / 64) / second_chunks).
+// ceil(ceil(len_j / 64) / second_chunks). With `order` (num_seqs <= kMaxOrderedSequences), the sequences
+// longest first there.
 __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int64_t chunks_per_item,
-                                    bool whole_items, int32_t* second, int64_t second_chunks) {
+                                    bool whole_items, int32_t* second, int64_t second_chunks, int32_t* order) {
   wait_for_previous_grid();
   release_next_grid();
   __shared__ int2 carry;
@@ -82,6 +84,10 @@ __global__ void item_offsets_kernel(const ForwardParams p, int32_t* offsets, int
       carry.y += scan[threadIdx.x].y;
     }
     __syncthreads();
+  }
+  if (order != nullptr && p.num_seqs <= kMaxOrderedSequences) {
+    __shared__ uint64_t keys[kMaxOrderedSequences];
+    order_longest_first(p, order, keys);
   }
 }
 
@@ -174,14 +180,14 @@ template cudaError_t launch_l2norm_rows<ElemKind::kF16>(const void*, int64_t, in
                                                         int64_t, int64_t, void*, cudaStream_t);
 
 cudaError_t launch_chunk_offsets(const ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks,
-                                 cudaStream_t stream) {
+                                 int32_t* sequence_order, cudaStream_t stream) {
   return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.chunk_offsets, int64_t{1}, false,
-                       segment_offsets, segment_chunks);
+                       segment_offsets, segment_chunks, sequence_order);
 }
 
 cudaError_t launch_checkpoint_offsets(const ForwardParams& p, cudaStream_t stream) {
   return launch_kernel(item_offsets_kernel, 1, 1024, 0, stream, p, p.checkpoint_offsets, p.checkpoint_chunks, true,
-                       static_cast<int32_t*>(nullptr), int64_t{0});
+                       static_cast<int32_t*>(nullptr), int64_t{0}, static_cast<int32_t*>(nullptr));
 }
 
 cudaError_t launch_zero_padding(const ForwardParams& p, ElemKind elem, cudaStream_t stream) {

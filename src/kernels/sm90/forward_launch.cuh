@@ -84,7 +84,9 @@ cudaError_t launch_per_item(void (*kernel)(ForwardParams, Extra...), const Forwa
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;
-  const dim3 grid(static_cast<unsigned>(items), p.num_v_heads * ctas_per_head, p.cp_pass == kCpStatePass ? 2 : 1);
+  const dim3 grid = heads_fastest(p) ? dim3(1, p.num_v_heads, static_cast<unsigned>(items))  // v4, v5 longest first
+                                     : dim3(static_cast<unsigned>(items), p.num_v_heads * ctas_per_head,
+                                            p.cp_pass == kCpStatePass ? 2 : 1);
   return launch_kernel(kernel, grid, Kernel::kThreads, smem, stream, p, extra...);
 }
 
@@ -130,13 +132,19 @@ cudaError_t launch_fused_forward(const ForwardParams& p, cudaStream_t stream) {
                                                              1, stream, maps);
     }
   }
+  ForwardParams natural = p;  // v1-v3 take their items in the natural order (CTA (x, h): sequence x)
+  natural.sequence_order = nullptr;
   if (p.warp_specialized)
-    return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, p, items, 1, stream);
+    return launch_per_item<FusedForwardWs<Elem, InverseT>>(fused_forward_ws_kernel<Elem, InverseT>, natural, items, 1,
+                                                           stream);
   if (p.wgmma)
-    return launch_per_item<FusedForwardWg<Elem, InverseT>>(fused_forward_wg_kernel<Elem, InverseT>, p, items, 1, stream);
+    return launch_per_item<FusedForwardWg<Elem, InverseT>>(fused_forward_wg_kernel<Elem, InverseT>, natural, items, 1,
+                                                           stream);
   if (p.v_split == 2)
-    return launch_per_item<FusedForward<Elem, InverseT, 2>>(fused_forward_kernel<Elem, InverseT, 2>, p, items, 2, stream);
-  return launch_per_item<FusedForward<Elem, InverseT, 1>>(fused_forward_kernel<Elem, InverseT, 1>, p, items, 1, stream);
+    return launch_per_item<FusedForward<Elem, InverseT, 2>>(fused_forward_kernel<Elem, InverseT, 2>, natural, items, 2,
+                                                            stream);
+  return launch_per_item<FusedForward<Elem, InverseT, 1>>(fused_forward_kernel<Elem, InverseT, 1>, natural, items, 1,
+                                                          stream);
 }
 
 }  // namespace flashgdn::kern

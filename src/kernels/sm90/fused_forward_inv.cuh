@@ -13,7 +13,9 @@
 // its aux), and the aux has no -B~ and -W~ but K K^T and the inverse; P and Ag, which v4's aux made,
 // are formed by the state groups (half each), where they overlap the groups' own wgmmas.
 //
-// Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
+// Grid (N sequences or segments, Hv[, 2 for the CP state pass]), or (1, Hv, N) with the sequence order
+// (varlen without CP: the sequences longest first, sequence.cuh heads_fastest); block 384 threads = 3
+// warpgroups.
 //   aux   (warpgroup 0; setmaxnreg kAuxRegisters): thread 0 issues chunk c's K boxes (two 64-column
 //         panels) and gate record (gcum | beta) into key stage c % 3 on keys_loaded[c % 3], and its Q
 //         (with o) and V (unless zero_v) boxes into slot c % 2 on loaded[c % 2]: once the state
@@ -196,7 +198,7 @@ struct FusedForwardInv {
       if (with_o) tma::prefetch_map(&maps.q);
       tma::prefetch_map(&maps.v);
     }
-    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);
+    const WorkItem item = block_work_item(p);
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
     const int b = static_cast<int>(item.batch);
     const bool load_v = !item.zero_v;
@@ -457,7 +459,7 @@ struct FusedForwardInv {
   template <bool kWithO>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, const ForwardTileMaps&, SharedStorage& s,
                                                    int h, int group) {
-    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const WorkItem item = block_work_item(p);  // pure: recomputed per role
     const int64_t num_chunks = (item.eos - item.bos + kChunk - 1) / kChunk;
 
     StateAcc st;

@@ -11,7 +11,9 @@
 // 8 ks + 2 q, + 1 are register q of k-step ks: the m16n8k16 A layout), so S^T and Vd^T go from one
 // product to the next without shared memory, fences between proxies or barriers.
 //
-// Grid (N sequences or segments, Hv[, 2 for the CP state pass]); block 384 threads = 3 warpgroups.
+// Grid (N sequences or segments, Hv[, 2 for the CP state pass]), or (1, Hv, N) with the sequence order
+// (varlen without CP: the sequences longest first, sequence.cuh heads_fastest); block 384 threads = 3
+// warpgroups.
 //   aux   (warpgroup 0; setmaxnreg kAuxRegisters): fused_forward_ws.cuh's products P and -W~ fed
 //         by TMA: thread 0 issues chunk c's boxes (K, Q with o, V unless zero_v: two 64-column
 //         panels each; Ag = G (.) A_r (.) 1 beta^T, which the chunk inverse writes in the input
@@ -320,7 +322,7 @@ struct FusedForwardRs {
                                                  SharedStorage& s, bool with_o, int hk, int h) {
     float log2_scale = __log2f(fabsf(p.scale));
     asm volatile("" : "+f"(log2_scale));  // once per item, not per chunk
-    aux_loop<true>(p, maps, s, with_o, hk, h, [&] { return work_item(p, blockIdx.x, blockIdx.y, blockIdx.z); },
+    aux_loop<true>(p, maps, s, with_o, hk, h, [&] { return block_work_item(p); },
                    [&](int64_t c, int buf, auto&& issue_next_if_free) {
       timeline_mark(p, 0, c, 3);
       write_gate_tables(s, buf, p.scale);
@@ -682,7 +684,7 @@ struct FusedForwardRs {
              o_lanes(), left < kChunk ? static_cast<int>(left) : kChunk);
     }
     // The work item again (pure): not kept in registers across the loop.
-    if (const StateBlock final = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z).final; final.base != nullptr)
+    if (const StateBlock final = block_work_item(p).final; final.base != nullptr)
       store_state(final, 64 * group, st);
     timeline_mark(p, 1, 0, 11);
   }
@@ -750,7 +752,7 @@ struct FusedForwardRs {
   template <bool kWithO, bool kExactUpdate = false>
   static __device__ __forceinline__ void run_state(const ForwardParams& p, const ForwardTileMaps& maps,
                                                    SharedStorage& s, int h, int group) {
-    const WorkItem item = work_item(p, blockIdx.x, blockIdx.y, blockIdx.z);  // pure: recomputed per role
+    const WorkItem item = block_work_item(p);  // pure: recomputed per role
     // 32-bit chunk steps (aux_loop's): the item's last chunk, the one that may be partial, has
     // last_rows rows; per chunk one compare, no 64-bit row math
     const int num_chunks = static_cast<int>((item.eos - item.bos + kChunk - 1) / kChunk);
@@ -846,7 +848,8 @@ struct FusedForwardRs {
   static __device__ __forceinline__ void run_kernel(const ForwardParams& p, const ForwardTileMaps& maps) {
     extern __shared__ __align__(1024) unsigned char smem_fused[];
     auto& s = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_fused);
-    run_roles<Kernel::kAuxRegisters, Kernel::kStateRegisters>(
+    constexpr bool kBlockItem = std::is_same_v<Kernel, FusedForwardRs>;  // v4 (run_roles: registers)
+    run_roles<Kernel::kAuxRegisters, Kernel::kStateRegisters, kBlockItem>(
         p, s, [&](bool with_o, int hk, int h) { Kernel::run_aux(p, maps, s, with_o, hk, h); },
         [&](bool with_o, int h, int group) {
           if constexpr (kExactUpdate)

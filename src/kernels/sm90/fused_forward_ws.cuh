@@ -46,11 +46,16 @@ namespace flashgdn::kern {
 // The entry of the warp-specialized forwards (v3 here, v4 in fused_forward_rs.cuh): the ring's
 // barriers, then warpgroup 0 gives registers up to kAux and runs aux(with_o, hk, h), warpgroups 1
 // and 2 take kState and run state(with_o, h, group). with_o: the pass writes o (not the CP state
-// pass); it and the role are made visibly warp-uniform (see fused_forward_wg.cuh).
-template <int kAux, int kState, typename Storage, typename Aux, typename State>
+// pass); it and the role are made visibly warp-uniform (see fused_forward_wg.cuh). Whether the CTA has an
+// item and writes o: the roles look their item up themselves (block_work_item: under the sequence order,
+// grid (1, Hv, N), sequence_order[blockIdx.z]); here every item is valid and writes o (where p.o is
+// given) without CP, so the natural index serves as well, and the one or the other lookup is a matter of
+// registers only: with kBlockItem (v4) block_work_item's, else (v3, v5) the natural one (ptxas, bf16:
+// v4's state groups spilled 56 bytes with the natural lookup, v5 32 with block_work_item's).
+template <int kAux, int kState, bool kBlockItem = false, typename Storage, typename Aux, typename State>
 __device__ __forceinline__ void run_roles(const ForwardParams& p, Storage& s, Aux&& aux, State&& state) {
   const int h = blockIdx.y;
-  const WorkItem item = work_item(p, blockIdx.x, h, blockIdx.z);
+  const WorkItem item = kBlockItem ? block_work_item(p) : work_item(p, blockIdx.x, h, blockIdx.z);
   if (!item.valid) return;
   if (threadIdx.x == 0) tma::init_ring(s.ready, s.free, 128, 256);
   __syncthreads();

@@ -21,9 +21,10 @@ cudaError_t launch_l2norm_rows(const void* src, int64_t batch, int64_t tokens, i
 
 // chunk_offsets[i] = sum_{j < i} ceil(len_j / 64) for i in 0..num_seqs (varlen only) and, with
 // segment_offsets (varlen CP), segment_offsets[i] = sum_{j < i} ceil(ceil(len_j / 64) / segment_chunks)
-// in the same launch.
+// in the same launch; with sequence_order (num_seqs <= kMaxOrderedSequences), also the sequences longest
+// first there (ForwardParams::sequence_order).
 cudaError_t launch_chunk_offsets(const ForwardParams& p, int32_t* segment_offsets, int64_t segment_chunks,
-                                 cudaStream_t stream);
+                                 int32_t* sequence_order, cudaStream_t stream);
 
 // Token-by-token forward of short sequences (decoding, speculative verification): o and the final
 // states, no chunk inverse needed.

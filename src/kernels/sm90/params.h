@@ -7,6 +7,9 @@ namespace flashgdn::kern {
 
 inline constexpr int kChunk = 64;     // tokens per chunk
 inline constexpr int kHeadDim = 128;  // K = V = 128
+// Most sequences a call orders longest first (ForwardParams::sequence_order): item_offsets sorts them in
+// one block's shared memory; calls with more keep the natural order.
+inline constexpr int64_t kMaxOrderedSequences = 4096;
 
 // Strides in elements of a (batch, token, head[, dim]) tensor; the dim stride is 1.
 struct RowStrides {
@@ -52,9 +55,15 @@ struct ForwardParams {
 
   // Workspace.
   int32_t* chunk_offsets = nullptr;  // varlen: first global chunk of each sequence (num_seqs + 1)
-  // The stream's previous kernel writes the item tables (chunk_offsets): v4 and v5 wait before their
-  // item lookups instead of starting early (fused_forward_starts_early). The backward with the inverse
-  // cache, whose pre-pass follows item_offsets directly.
+  // Varlen without CP (runtime/common.cpp prepare_inputs): the sequences longest first (ties by index;
+  // num_seqs entries, written with chunk_offsets by item_offsets), for the per-item kernels v4, v5 and
+  // the dS pass: their CTAs take the items in this order, v-heads fastest (grid (1, Hv, N): heads_fastest,
+  // item_sequence_and_head in sequence.cuh). Null: the natural order (sequence x of CTA (x, h)); v1-v3
+  // always run it.
+  const int32_t* sequence_order = nullptr;
+  // The stream's previous kernel writes the item tables (chunk_offsets, sequence_order): v4 and v5
+  // wait before their item lookups instead of starting early (fused_forward_starts_early). The
+  // backward with the inverse cache, whose pre-pass follows item_offsets directly.
   bool item_tables_pending = false;
   int64_t max_chunks = 0;            // launch bound on the number of chunks
   int32_t v_split = 1;               // fused forward: CTAs per (sequence or segment, v-head), 1 or 2,

@@ -1,8 +1,10 @@
-// Device helpers shared by the forward kernels: where a sequence lies, where a chunk lies.
+// Device helpers shared by the forward kernels: where a sequence lies, where a chunk lies, which item
+// a CTA runs (and the order of the sequences, longest first, that decides it).
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "kernels/sm90/params.h"
@@ -227,6 +229,62 @@ __device__ __forceinline__ SegmentLocation locate_segment(const ForwardParams& p
   return at;
 }
 
+// Sequences longest first into order[0 .. num_seqs) (ForwardParams::sequence_order; varlen, num_seqs <=
+// kMaxOrderedSequences): ties by index, so the order is a pure function of the lengths. A bitonic sort
+// of the keys (INT32_MAX - length) << 32 | index, ascending, padded with the largest key to a power of
+// two, in `keys` (shared memory); the whole block calls it (it synchronizes).
+__device__ __forceinline__ void order_longest_first(const ForwardParams& p, int32_t* order,
+                                                    uint64_t (&keys)[kMaxOrderedSequences]) {
+  const int n = static_cast<int>(p.num_seqs);
+  int size = 1;
+  while (size < n) size *= 2;
+  for (int i = threadIdx.x; i < size; i += blockDim.x) {
+    uint64_t key = ~uint64_t{0};
+    if (i < n) {
+      const int64_t length = cu_seqlens_at(p, i + 1) - cu_seqlens_at(p, i);
+      const int64_t clamped = length < 0 ? 0 : length > INT32_MAX ? INT32_MAX : length;
+      key = static_cast<uint64_t>(INT32_MAX - clamped) << 32 | static_cast<uint32_t>(i);
+    }
+    keys[i] = key;
+  }
+  __syncthreads();
+  for (int merged = 2; merged <= size; merged *= 2) {  // runs of `merged` keys, alternately ascending
+    for (int step = merged / 2; step > 0; step /= 2) {  // and descending, merged by compare-exchanges
+      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        const int partner = i ^ step;
+        if (partner <= i) continue;
+        const uint64_t a = keys[i], b = keys[partner];
+        if ((a > b) == ((i & merged) == 0)) {
+          keys[i] = b;
+          keys[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) order[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+}
+
+// Whether a per-item kernel takes the sequences longest first (p.sequence_order, varlen without CP):
+// then its grid is (1, Hv, N), CTA (0, h, r) running v-head h of sequence sequence_order[r], so that the
+// hardware, which dispatches CTAs x fastest, then y, then z, starts all v-heads of the longest sequence
+// first, then the next (longest-processing-time first); else (N or segments, Hv[, z]), CTA (x, h[, z]).
+// The v-head is blockIdx.y either way (a special register the kernels re-read, not a value they keep),
+// and every output is indexed by (x, h) as before.
+__host__ __device__ __forceinline__ bool heads_fastest(const ForwardParams& p) {
+  return p.sequence_order != nullptr && p.cp_pass == kNoCp;
+}
+// The item (sequence or segment x, v-head h) of this CTA.
+struct ItemIndex {
+  int64_t x;
+  int h;
+};
+__device__ __forceinline__ ItemIndex item_sequence_and_head(const ForwardParams& p) {
+  // the rank's sequence as an unsigned 32-bit value, like blockIdx.x: its 64-bit uses need no high word
+  const uint32_t x = heads_fastest(p) ? static_cast<uint32_t>(p.sequence_order[blockIdx.z]) : blockIdx.x;
+  return {x, static_cast<int>(blockIdx.y)};
+}
+
 // Work item of CTA (x, h, z). Without CP, x is a sequence. With CP, x is a segment j of sequence n:
 //   state pass, z = 0: j not last; tokens = the trailing window of the segment (the whole segment
 //                      when it has none), from h0 for an exact first segment, else from zero;
@@ -301,6 +359,13 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int64_t x,
   item.chunks_before = (item.bos - at.seq.bos) / kChunk;
   item.first_chunk_id = first_chunk(p, n) + item.chunks_before;
   return item;
+}
+
+// This CTA's work item (item_sequence_and_head, then work_item, which reads z only with CP: there the
+// state pass's S* / M; under the sequence order, without CP, blockIdx.z is the rank).
+__device__ __forceinline__ WorkItem block_work_item(const ForwardParams& p) {
+  const ItemIndex at = item_sequence_and_head(p);
+  return work_item(p, at.x, at.h, blockIdx.z);
 }
 
 template <typename T>
