@@ -23,6 +23,8 @@ cudaError_t launch_backward_ds_pass(const BackwardParams& p, cudaStream_t stream
   if (main_mode != (p.chunk_grad_states != nullptr) || p.fwd.gated_inverse_out == nullptr ||
       p.fwd.chunk_gates == nullptr)
     return cudaErrorInvalidValue;
+  // the ordered grid's z is the sequence rank: the order is formed for kMaxOrderedSequences at most (params.h)
+  if (heads_fastest(p.fwd) && items > kMaxOrderedSequences) return cudaErrorInvalidValue;
   using Pass = BackwardDsPass<ElemType<E>>;
   ForwardParams boxes = p.fwd;
   boxes.v = p.d_o;

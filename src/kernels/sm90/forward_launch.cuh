@@ -81,6 +81,8 @@ template <typename Kernel, typename... Extra>
 cudaError_t launch_per_item(void (*kernel)(ForwardParams, Extra...), const ForwardParams& p, int64_t items,
                             int ctas_per_head, cudaStream_t stream, const Extra&... extra) {
   constexpr int smem = sizeof(typename Kernel::SharedStorage);
+  // the ordered grid's z is the sequence rank: the order is formed for kMaxOrderedSequences at most (params.h)
+  if (heads_fastest(p) && items > kMaxOrderedSequences) return cudaErrorInvalidValue;
   if (auto err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       err != cudaSuccess)
     return err;

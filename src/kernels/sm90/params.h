@@ -10,6 +10,9 @@ inline constexpr int kHeadDim = 128;  // K = V = 128
 // Most sequences a call orders longest first (ForwardParams::sequence_order): item_offsets sorts them in
 // one block's shared memory; calls with more keep the natural order.
 inline constexpr int64_t kMaxOrderedSequences = 4096;
+// The ordered grid (1, Hv, N) takes the sequence rank as blockIdx.z (sequence.cuh heads_fastest), and
+// gridDim.z is at most 65535; its launchers refuse more sequences than the cap.
+static_assert(kMaxOrderedSequences <= 65535, "the ordered grid's z is the sequence rank: gridDim.z <= 65535");
 
 // Strides in elements of a (batch, token, head[, dim]) tensor; the dim stride is 1.
 struct RowStrides {
