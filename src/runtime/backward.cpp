@@ -172,13 +172,15 @@ Status backward(const BackwardProblem& given, void* workspace, std::size_t works
                 " (pass the forward's cp_states with its forward_cp_cache_shape)"};
   if (auto s = check_inverse_cache_size(problem.inverse_cache, inverse_cache_layout(problem.in)); !s.ok()) return s;
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
+  bool longest_first = false;
+  if (auto s = orders_sequences(problem.in, layout.inputs, layout.cp.enabled, longest_first); !s.ok()) return s;
 
   const Inputs& in = problem.in;
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::BackwardParams bp;
   kern::ForwardParams& p = bp.fwd;
   if (auto s = prepare_inputs(in, layout.inputs, ws, stream, p, cp_segment_offsets(in, layout.cp, layout.cp_regions, ws),
-                              layout.cp.segment_chunks, orders_sequences(in, layout.inputs, layout.cp.enabled));
+                              layout.cp.segment_chunks, longest_first);
       !s.ok())
     return s;
   const bool cached = problem.inverse_cache.present();

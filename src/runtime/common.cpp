@@ -160,13 +160,18 @@ InputLayout input_layout(const Inputs& in, bool chunk_table) {
   return layout;
 }
 
-bool orders_sequences(const Inputs& in, const InputLayout& layout, bool cp) {
+Status orders_sequences(const Inputs& in, const InputLayout& layout, bool cp, bool& longest_first) {
+  longest_first = false;
+  const char* forced = std::getenv("FLASHGDN_SEQUENCE_ORDER");
+  const bool unset = forced == nullptr || *forced == '\0' || std::strcmp(forced, "longest") == 0;
+  if (!unset && std::strcmp(forced, "natural") != 0)
+    return {StatusCode::kInvalidArgument,
+            std::string("FLASHGDN_SEQUENCE_ORDER: \"") + forced + "\" is none of \"longest\", \"natural\" (or unset)"};
   // no chunks (the host copy shows only empty sequences): nothing to order, and no chunk inverse or gate
   // kernel runs between item_offsets and the per-item kernels, which read the order before their wait
-  if (!layout.order_table || cp || in.varlen.num_seqs * in.shape.num_v_heads <= num_sms() || chunk_bound(in) == 0)
-    return false;
-  const char* forced = std::getenv("FLASHGDN_SEQUENCE_ORDER");
-  return forced == nullptr || std::strcmp(forced, "natural") != 0;
+  longest_first = unset && layout.order_table && !cp && in.varlen.num_seqs * in.shape.num_v_heads > num_sms() &&
+                  chunk_bound(in) > 0;
+  return {};
 }
 
 Status prepare_inputs(const Inputs& in, const InputLayout& layout, unsigned char* ws, cudaStream_t stream,

@@ -88,10 +88,13 @@ InputLayout input_layout(const Inputs& in, bool chunk_table = true);
 // Whether the call's per-item kernels (v4, v5, the dS pass) take the sequences longest first
 // (ForwardParams::sequence_order): varlen without CP (`cp`: the call runs intra-card CP, whose segments
 // are balanced by its cut) with the order table, more items (N Hv) than SMs (within one wave the order
-// changes nothing) and some chunk (chunk_bound), unless the environment variable FLASHGDN_SEQUENCE_ORDER
-// is "natural" (read at every call: the tests' and A/B runs' switch; the results are bitwise the same
-// either way, the workspace too).
-bool orders_sequences(const Inputs& in, const InputLayout& layout, bool cp);
+// changes nothing) and some chunk (chunk_bound), into longest_first, unless the environment variable
+// FLASHGDN_SEQUENCE_ORDER is "natural" (read at every call: the tests' and A/B runs' switch; the
+// results are bitwise the same either way, the workspace too). Its values: unset or empty, or "longest"
+// (the default: the order where the call qualifies), and "natural"; any other value is kInvalidArgument
+// on every call that reads it (the forward and the backward), whether or not the call would order, so
+// that a misspelt switch fails instead of measuring the default twice.
+Status orders_sequences(const Inputs& in, const InputLayout& layout, bool cp, bool& longest_first);
 
 // The input side of p: q, k (L2-normalised into the workspace when asked, launching l2norm_rows),
 // v, g, beta, initial_state, problem sizes, varlen tables (with layout.chunk_table, launching chunk_offsets; with

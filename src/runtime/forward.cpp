@@ -318,11 +318,14 @@ Status forward_with(const ForwardProblem& given, const ForwardVariant& variant, 
   }
   if (auto s = check_workspace(workspace, workspace_bytes, layout.bytes); !s.ok()) return s;
 
+  bool longest_first = false;
+  if (auto s = orders_sequences(problem.in, layout.inputs, layout.cp.enabled, longest_first); !s.ok()) return s;
+
   auto* ws = static_cast<unsigned char*>(workspace);
   kern::ForwardParams p;
   if (auto s = prepare_inputs(problem.in, layout.inputs, ws, stream, p,
                               cp_segment_offsets(problem.in, layout.cp, layout.cp_regions, ws),
-                              layout.cp.segment_chunks, orders_sequences(problem.in, layout.inputs, layout.cp.enabled));
+                              layout.cp.segment_chunks, longest_first);
       !s.ok())
     return s;
   p.timeline = g_timeline;

@@ -2,13 +2,15 @@
 // orders_sequences): the region (int32 [N], after the chunk table) exists for varlen calls with a
 // chunk table and N <= kMaxOrderedSequences, and the forward and backward workspace sizes hold it
 // whether or not the call orders; a call orders without CP, with more items than SMs, unless
-// FLASHGDN_SEQUENCE_ORDER=natural. Host code only; built when the kernels are (the GPU tests check
+// FLASHGDN_SEQUENCE_ORDER=natural ("longest" or unset: the default; any other value: kInvalidArgument,
+// whether or not the call would order). Host code only; built when the kernels are (the GPU tests check
 // that the order changes no bit: tests/gpu/test_sequence_order.py).
 #ifdef FLASHGDN_WITH_KERNELS
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "runtime/common.h"
@@ -42,6 +44,14 @@ struct OrderEnv {
   ~OrderEnv() { unsetenv("FLASHGDN_SEQUENCE_ORDER"); }
 };
 
+// orders_sequences' answer, the call expected to succeed.
+bool orders(const Inputs& in, const InputLayout& layout, bool cp) {
+  bool longest_first = true;
+  const Status status = orders_sequences(in, layout, cp, longest_first);
+  EXPECT_TRUE(status.ok()) << status.message();
+  return longest_first;
+}
+
 TEST(SequenceOrder, RegionAfterTheChunkTable) {
   const Packed ten = packed(10, 32);
   const InputLayout layout = input_layout(ten.in);
@@ -66,7 +76,7 @@ TEST(SequenceOrder, RegionUpToTheCap) {
   EXPECT_FALSE(natural.order_table);
   EXPECT_EQ(natural.end, align_up((kern::kMaxOrderedSequences + 2) * sizeof(int32_t)));
   OrderEnv unset(nullptr);
-  EXPECT_FALSE(orders_sequences(over.in, natural, false));
+  EXPECT_FALSE(orders(over.in, natural, false));
 }
 
 TEST(SequenceOrder, NoRegionWithoutTheChunkTable) {
@@ -82,8 +92,8 @@ TEST(SequenceOrder, NoRegionWithoutTheChunkTable) {
   EXPECT_FALSE(batch_layout.order_table);
   EXPECT_EQ(batch_layout.end, 0u);
   OrderEnv unset(nullptr);
-  EXPECT_FALSE(orders_sequences(batch, batch_layout, false));
-  EXPECT_FALSE(orders_sequences(ten.in, decode, false));
+  EXPECT_FALSE(orders(batch, batch_layout, false));
+  EXPECT_FALSE(orders(ten.in, decode, false));
 }
 
 TEST(SequenceOrder, OrdersWithoutCpPastOneWave) {
@@ -91,15 +101,15 @@ TEST(SequenceOrder, OrdersWithoutCpPastOneWave) {
   const int64_t sms = num_sms();
   const Packed more = packed(sms / 32 + 1, 32);  // N Hv > SMs
   const InputLayout layout = input_layout(more.in);
-  EXPECT_TRUE(orders_sequences(more.in, layout, false));
-  EXPECT_FALSE(orders_sequences(more.in, layout, true));  // CP: its segments are balanced by the cut
+  EXPECT_TRUE(orders(more.in, layout, false));
+  EXPECT_FALSE(orders(more.in, layout, true));  // CP: its segments are balanced by the cut
   const Packed one_wave = packed(sms / 4, 4);             // N Hv <= SMs: every item in the first wave
-  EXPECT_FALSE(orders_sequences(one_wave.in, input_layout(one_wave.in), false));
+  EXPECT_FALSE(orders(one_wave.in, input_layout(one_wave.in), false));
   Packed empty = packed(sms, 2);  // only empty sequences (host copy): no chunk, no kernel between
   for (int64_t& offset : empty.cu) offset = 0;
-  EXPECT_FALSE(orders_sequences(empty.in, input_layout(empty.in), false));
+  EXPECT_FALSE(orders(empty.in, input_layout(empty.in), false));
   empty.in.varlen.cu_seqlens_host = nullptr;  // without the host copy the chunk bound is T / 64 + N
-  EXPECT_TRUE(orders_sequences(empty.in, input_layout(empty.in), false));
+  EXPECT_TRUE(orders(empty.in, input_layout(empty.in), false));
 }
 
 TEST(SequenceOrder, EnvironmentForcesTheNaturalOrder) {
@@ -107,12 +117,30 @@ TEST(SequenceOrder, EnvironmentForcesTheNaturalOrder) {
   const InputLayout layout = input_layout(more.in);
   {
     OrderEnv natural("natural");
-    EXPECT_FALSE(orders_sequences(more.in, layout, false));
+    EXPECT_FALSE(orders(more.in, layout, false));
     EXPECT_EQ(input_layout(more.in).end, layout.end);  // the workspace does not depend on it
   }
-  {
-    OrderEnv other("longest");  // any other value: the default
-    EXPECT_TRUE(orders_sequences(more.in, layout, false));
+  for (const char* value : {"longest", ""}) {  // the default, spelt out or empty
+    OrderEnv longest(value);
+    EXPECT_TRUE(orders(more.in, layout, false)) << "FLASHGDN_SEQUENCE_ORDER=\"" << value << "\"";
+  }
+}
+
+TEST(SequenceOrder, EnvironmentRefusesOtherValues) {
+  const Packed more = packed(num_sms(), 2);
+  Inputs never_orders = more.in;  // batch mode: a call that never orders fails too
+  never_orders.varlen = Varlen{};
+  never_orders.shape.batch = 10;
+  const Inputs& batch = never_orders;
+  for (const char* value : {"NATURAL", "off", "0", "longest_first", "natural "}) {
+    OrderEnv bad(value);
+    for (const Inputs* in : {&more.in, &batch}) {
+      bool longest_first = true;
+      const Status status = orders_sequences(*in, input_layout(*in), false, longest_first);
+      EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << "FLASHGDN_SEQUENCE_ORDER=\"" << value << "\"";
+      EXPECT_NE(status.message().find("FLASHGDN_SEQUENCE_ORDER"), std::string::npos) << status.message();
+      EXPECT_FALSE(longest_first);
+    }
   }
 }
 

@@ -9,9 +9,10 @@ choice: tests/cpu/test_sequence_order.cpp)."""
 import pytest
 import torch
 
+import flashgdn
 from flashgdn.ops import backward_into, forward_into, new_inverse_cache
 
-from conftest import packed_varlen
+from conftest import make_inputs, packed_varlen
 from test_backward import GRADS, check as check_grads, poisoned_grads, upstream
 from test_forward import check as check_forward
 from test_inverse_cache import fused_forwards, keeps as is_keeping
@@ -179,3 +180,22 @@ def test_backward_with_inverse_cache_bitwise(seed, order):
     assert_same(got, want, "with the inverse cache")
     assert_same(got, run_backward(x, do, dht, cu), "with the inverse cache vs without")
     check_grads(x, got, do, dht, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("value", ["NATURAL", "off", "0"])
+def test_unknown_order_value_fails(seed, order, value):
+    """FLASHGDN_SEQUENCE_ORDER takes "natural", "longest" or nothing: any other value fails the forward
+    and the backward with an invalid-argument error naming it (a misspelt switch must not measure the
+    default twice), batch mode too, where no order applies."""
+    lengths, hqk, hv = BATCHES["edges_8_32"]
+    x, cu = packed_varlen(hqk, hv, regime="model", lengths=lengths)
+    do, dht = upstream(x, cu_seqlens=cu)
+    order(value)
+    with pytest.raises(flashgdn.InvalidArgumentError, match="FLASHGDN_SEQUENCE_ORDER"):
+        run_forward(x, cu, 4)
+    with pytest.raises(flashgdn.InvalidArgumentError, match="FLASHGDN_SEQUENCE_ORDER"):
+        run_backward(x, do, dht, cu)
+    batch = make_inputs(2, 200, 2, 4)
+    o = torch.empty_like(batch["v"])
+    with pytest.raises(flashgdn.InvalidArgumentError, match="FLASHGDN_SEQUENCE_ORDER"):
+        forward_into(o, None, *(batch[n] for n in ("q", "k", "v", "g", "beta", "initial_state")), None, 128 ** -0.5)
