@@ -571,7 +571,12 @@ struct FusedForwardInv {
 template <typename Elem, bool kKeepsInverse>
 __global__ void __launch_bounds__(384, 1) fused_forward_inv_kernel(const __grid_constant__ ForwardParams p,
                                                                    const __grid_constant__ ForwardTileMaps maps) {
-  // Without CP the wait comes later, in each role (fused_forward_starts_early).
+  // Without CP the wait comes later, in each role (fused_forward_starts_early). The next grid is
+  // released at once: its CTAs find no room on a SM before this one's CTA there has ended (its shared
+  // memory and registers), so the release only moves its launch under this grid's work. That is timing
+  // only; correctness rests on every kernel that can follow this one reading nothing but the call's
+  // inputs before its own wait, which orders its reads after all of this grid's writes (and, through
+  // this grid's wait, its predecessor's).
   if (!fused_forward_starts_early(p)) wait_for_previous_grid();
   release_next_grid();
   FusedForwardInv<Elem, kKeepsInverse>::run(p, maps);

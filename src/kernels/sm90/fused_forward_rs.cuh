@@ -60,14 +60,15 @@
 
 namespace flashgdn::kern {
 
-// Early start of v4 and v5 (no CP): the kernel's CTAs may run while the previous kernel of the
-// stream (the chunk inverse or the gate records) drains, so the item's lookups and the initial
-// state's loads (~14k cycles at a wave's start, timeline 08a9f64) overlap it: they read only the
-// call's inputs and tables written two or more kernels back (complete: the previous kernel started
-// after waiting for them). Each role waits before what the previous kernel writes: the aux before
-// chunk 0's tiles (aux_loop), the state groups after the initial state (start_item; they read only
-// what the aux's tiles bring). With CP the kernel waits first: the main pass starts from
-// cp_correction's states, the state pass's items read cp_windows' windows.
+// Early start of v4 and v5 (no CP): the kernel's CTAs may run while the previous kernel of the stream (the
+// chunk inverse or the gate records) drains, so the item's lookups and the initial state's loads (~14k cycles
+// at a wave's start, timeline 08a9f64) overlap it: they read only the call's inputs and tables written two or
+// more kernels back (complete: the previous kernel waits for them before it releases this one; so an
+// early-start kernel must not directly follow another that releases before its wait, such as v5, where it
+// reads what that one's predecessor writes). Each role waits before what the previous kernel writes: the aux
+// before chunk 0's tiles (aux_loop), the state groups after the initial state (start_item; they read only
+// what the aux's tiles bring). With CP the kernel waits first: the main pass starts from cp_correction's
+// states, the state pass's items read cp_windows' windows.
 // Not where the previous kernel writes the item tables (p.item_tables_pending: the backward with the
 // inverse cache runs its pre-pass right after item_offsets).
 __device__ __forceinline__ bool fused_forward_starts_early(const ForwardParams& p) {
