@@ -1,6 +1,8 @@
+import json
 import math
 import os
 import random
+import tempfile
 
 import pytest
 import torch
@@ -84,6 +86,23 @@ def kernels_launched(fn):
         fn()
         torch.cuda.synchronize()
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def kernel_grids(fn):
+    """(name, grid (x, y, z)) of each CUDA kernel fn() launches, in the order they start: torch.profiler's
+    chrome trace, whose kernel events carry the launch's grid in args["grid"]."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if str(e.get("cat", "")).lower() == "kernel"), key=lambda e: e["ts"])
+    assert all("grid" in e.get("args", {}) for e in kernels), "the profiler's trace gives no kernel grids"
+    grids = (e["args"]["grid"] for e in kernels)  # [x, y, z] (as a string in some traces)
+    return [(e["name"], tuple(json.loads(g) if isinstance(g, str) else g)) for e, g in zip(kernels, grids)]
 
 
 def as_batch(t, N):

@@ -1,10 +1,11 @@
-"""Varlen batches longest first (ForwardParams::sequence_order): without CP and with more items (N Hv)
-than SMs, the per-item kernels (v4, v5, the backward's pre-pass and dS pass) take the sequences in
-decreasing length, v-heads fastest. Only which CTA runs an item changes, so o, the final states,
-checkpoints and every gradient must equal the natural order's (FLASHGDN_SEQUENCE_ORDER=natural) bit
-for bit, and the float64 oracle within tolerance. The batches mix empty, 1-, 63-, 64-, 65-token and
-thousands-token sequences (the order's unit test: tests/gpu_unit/sequence_test.cu; the runtime's
-choice: tests/cpu/test_sequence_order.cpp)."""
+"""Varlen batches longest first (ForwardParams::sequence_order): without CP and with more items (N Hv) than
+SMs, the per-item kernels (v4, v5, the backward's pre-pass and dS pass) take the sequences in decreasing
+length, v-heads fastest. Only which CTA runs an item changes, so o, the final states, checkpoints and
+every gradient must equal the natural order's (FLASHGDN_SEQUENCE_ORDER=natural) bit for bit, and the
+float64 oracle within tolerance; the kernels' grids (torch.profiler) show that the order was applied at
+all: (1, Hv, N) by default, (N, Hv, 1) under natural. The batches mix empty, 1-, 63-, 64-, 65-token and
+thousands-token sequences (the order's unit test: tests/gpu_unit/sequence_test.cu; the runtime's choice:
+tests/cpu/test_sequence_order.cpp)."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 import flashgdn
 from flashgdn.ops import backward_into, forward_into, new_inverse_cache
 
-from conftest import make_inputs, packed_varlen
+from conftest import kernel_grids, make_inputs, packed_varlen
 from test_backward import GRADS, check as check_grads, poisoned_grads, upstream
 from test_forward import check as check_forward
 from test_inverse_cache import fused_forwards, keeps as is_keeping
@@ -27,6 +28,24 @@ BATCHES = {
     "40seq_16_64": ((3000, 1, 64, 63, 65, 0, 17, 128, 129, 900, 2, 64, 300, 5, 1100, 0, 63, 64, 65, 40,
                      1, 2048, 77, 64, 640, 1, 130, 64, 0, 255, 256, 257, 9, 64, 1000, 3, 64, 64, 511, 12), 16, 64),
 }
+
+V4, V5, DS_PASS = "fused_forward_rs_kernel", "fused_forward_inv_kernel", "backward_ds_pass_kernel"
+
+
+def per_item_grids(fn):
+    """{(name, grid)} of the per-item kernels fn() launches: v4 (the backward's pre-pass too), v5 and the
+    dS pass."""
+    return {(name, grid) for name, grid in kernel_grids(fn) if any(k in name for k in (V4, V5, DS_PASS))}
+
+
+def assert_grids(grids, kernels, N, Hv, ordered):
+    """Each of `kernels` launched, and every per-item kernel on the ordered grid (1, Hv, N) (ordered) or
+    the natural one (N, Hv, 1): the order was applied, or not (equal results alone cannot tell)."""
+    want = (1, Hv, N) if ordered else (N, Hv, 1)
+    for kernel in kernels:
+        assert any(kernel in name for name, _ in grids), f"{kernel} not launched: {sorted(grids)}"
+    for name, grid in grids:
+        assert grid == want, f"{name}: grid {grid}, want {want} ({'longest first' if ordered else 'natural order'})"
 
 
 @pytest.fixture
@@ -52,12 +71,18 @@ def run_forward(x, cu, kernel, cu_cpu=None, **options):
 @pytest.mark.parametrize("kernel", [4, 5])
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_forward_bitwise(seed, order, batch, kernel):
+    """The kernel's grid shows the order applied ((1, Hv, N); (N, Hv, 1) under natural), and o and the
+    final states equal the natural order's."""
     lengths, hqk, hv = BATCHES[batch]
     x, cu = packed_varlen(hqk, hv, regime="model", lengths=lengths)
+    runs = {}
     order("natural")
-    want = run_forward(x, cu, kernel)
+    grids = per_item_grids(lambda: runs.update(want=run_forward(x, cu, kernel)))
+    assert_grids(grids, [V4 if kernel == 4 else V5], len(lengths), hv, ordered=False)
     order(None)
-    got = run_forward(x, cu, kernel)
+    grids = per_item_grids(lambda: runs.update(got=run_forward(x, cu, kernel)))
+    assert_grids(grids, [V4 if kernel == 4 else V5], len(lengths), hv, ordered=True)
+    got, want = runs["got"], runs["want"]
     for name, a, b in zip(("o", "final_state"), got, want):
         assert torch.equal(a, b), f"{name} differs from the natural order's"
     print(check_forward(x, *got, cu_seqlens=cu))
@@ -142,13 +167,19 @@ def assert_same(got, want, what):
 @pytest.mark.parametrize("with_dht", [True, False])
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_backward_bitwise(seed, order, batch, with_dht):
+    """The pre-pass's and the dS pass's grids show the order applied, and every gradient equals the
+    natural order's."""
     lengths, hqk, hv = BATCHES[batch]
     x, cu = packed_varlen(hqk, hv, regime="model", lengths=lengths)
     do, dht = upstream(x, with_dht=with_dht, cu_seqlens=cu)
+    runs = {}
     order("natural")
-    want = run_backward(x, do, dht, cu)
+    grids = per_item_grids(lambda: runs.update(want=run_backward(x, do, dht, cu)))
+    assert_grids(grids, [V4, DS_PASS], len(lengths), hv, ordered=False)
     order(None)
-    got = run_backward(x, do, dht, cu)
+    grids = per_item_grids(lambda: runs.update(got=run_backward(x, do, dht, cu)))
+    assert_grids(grids, [V4, DS_PASS], len(lengths), hv, ordered=True)
+    got, want = runs["got"], runs["want"]
     assert_same(got, want, batch)
     check_grads(x, got, do, dht, cu_seqlens=cu)
     for name in ("dq", "dk", "dv", "dg", "dbeta"):
