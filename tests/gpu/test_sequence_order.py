@@ -189,7 +189,9 @@ def test_backward_bitwise(seed, order, batch, with_dht):
 def test_backward_with_inverse_cache_bitwise(seed, order):
     """The backward given the forward's inverse cache runs its pre-pass right after the chunk table and
     the order (item_tables_pending: no early start): gradients equal the natural order's and the
-    backward's without the cache."""
+    backward's without the cache. The forward is pinned to v4 (kernel 4, checked by name): only v4's
+    cache gives the uncached backward's bits (v5's gives gradients within tolerance), so the last
+    comparison must not follow the automatic kernel choice."""
     lengths, hqk, hv = BATCHES["8k_8seq_16_32"]
     x, cu = packed_varlen(hqk, hv, regime="model", lengths=lengths)
     do, dht = upstream(x, cu_seqlens=cu)
@@ -197,10 +199,12 @@ def test_backward_with_inverse_cache_bitwise(seed, order):
 
     def forward_and_backward():
         cache = new_inverse_cache(*args, context_parallel=OFF)
-        assert cache is not None, "the (16, 32) forward without CP runs the register-state kernel"
+        assert cache is not None, "a forward without CP forms a reusable inverse"
         cache.fill_(0xFF)
         o = torch.full_like(x["v"], float("nan"))
-        forward_into(o, None, *args, context_parallel=OFF, inverse_cache=cache)
+        forwards = fused_forwards(lambda: forward_into(o, None, *args, context_parallel=OFF, inverse_cache=cache,
+                                                       kernel=4))
+        assert len(forwards) == 1 and V4 in next(iter(forwards)), sorted(forwards)
         return o, run_backward(x, do, dht, cu, inverse_cache=cache)
 
     order("natural")
