@@ -1,15 +1,16 @@
-// GPU unit test of the chunk lookups of src/kernels/sm90/sequence.cuh: for every chunk id of a
-// launch bound (past the last chunk too), locate_chunk_after from every sequence at or before the
-// chunk's own (the hint a persistent CTA carries from its previous item) must agree with
-// locate_chunk's binary search: the same validity, sequence, batch entry, first token and rows. Cases:
-// varlen with empty sequences and 1-, 63-, 64-, 65-token ones (int32 and int64 cu_seqlens), and
-// batch mode. Then the sequence order (order_longest_first, in one block of 1024 threads as
-// item_offsets runs it) against a stable sort by decreasing length on the host, and the CTAs' items
-// (item_sequence_and_head) of the launchers' grid with that order ((1, Hv, N)), without it and with CP
-// ((N, Hv)): CTA i in dispatch order (x fastest, then y, z) must run v-head i % Hv of sequence
-// order[i / Hv], resp. v-head i / N of sequence i % N. Cases: ties, empty
-// sequences, N = 1, all lengths equal, N past the block size and at kMaxOrderedSequences, int64
-// cu_seqlens. Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU (skipped).
+// GPU unit test of the chunk lookups of src/kernels/sm90/sequence.cuh: for every chunk id of a launch bound
+// (past the last chunk too), locate_chunk_after from every sequence at or before the chunk's own (the hint a
+// persistent CTA carries from its previous item) must agree with locate_chunk's binary search: the same
+// validity, sequence, batch entry, first token and rows. Cases: varlen with empty sequences and 1-, 63-, 64-,
+// 65-token ones (int32 and int64 cu_seqlens), and batch mode. Then the sequence order (order_longest_first,
+// in one block of 1024 threads as item_offsets runs it) against a stable sort by decreasing length on the
+// host, and the CTAs' items (item_sequence_and_head) of the launchers' grid (launched through launch_per_item
+// itself) with that order ((1, Hv, N)), without it and with CP ((N, Hv)): CTA i in dispatch order (x fastest,
+// then y, z) must run v-head i % Hv of sequence order[i / Hv], resp. v-head i / N of sequence i % N. Cases:
+// ties, empty sequences, N = 1, all lengths equal, N past the block size and at kMaxOrderedSequences, int64
+// cu_seqlens; and launch_per_item refusing an order over more than kMaxOrderedSequences sequences (the
+// ordered grid's z is the sequence rank) before any launch. Exit codes: 0 pass, 1 mismatch, 77 no sm_90 GPU
+// (skipped).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/sm90/forward_launch.cuh"
 #include "kernels/sm90/sequence.cuh"
 #include "sm90_device.h"
 
@@ -120,26 +122,36 @@ __global__ void sequence_order(const kern::ForwardParams p, int32_t* order) {
 
 // item_of_cta[linear CTA index, x fastest, then y, then z: the dispatch order] = sequence * Hv + head.
 __global__ void record_items(const kern::ForwardParams p, int64_t* item_of_cta) {
+  kern::wait_for_previous_grid();
   const kern::ItemIndex at = kern::item_sequence_and_head(p);
   const int64_t linear =
       blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
   item_of_cta[linear] = at.x * p.num_v_heads + at.h;
 }
 
-// The CTAs' items of the launchers' grid (forward_launch.cuh launch_per_item: (1, Hv, N) under the
-// sequence order, else (N, Hv)) against `want` (per linear CTA index); the count of mismatches.
+// record_items as launch_per_item's Kernel: one warp, no shared memory to speak of.
+struct RecordItems {
+  struct SharedStorage {
+    int unused;
+  };
+  static constexpr int kThreads = 32;
+};
+
+// The CTAs' items of the launchers' grid (forward_launch.cuh launch_per_item, launched through it: (1,
+// Hv, N) under the sequence order, else (N, Hv)) against `want` (per linear CTA index); the count of
+// mismatches.
 int check_items(const kern::ForwardParams& p, const std::vector<int64_t>& want, const char* name, const char* mode) {
   int64_t* items = nullptr;
   cudaMalloc(&items, want.size() * sizeof(int64_t));
-  const unsigned n = static_cast<unsigned>(p.num_seqs), heads = static_cast<unsigned>(p.num_v_heads);
-  record_items<<<kern::heads_fastest(p) ? dim3(1, heads, n) : dim3(n, heads), 32>>>(p, items);
+  cudaError_t err = kern::launch_per_item<RecordItems>(record_items, p, p.num_seqs, 1, nullptr, items);
   std::vector<int64_t> got(want.size(), -1);
-  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
     std::printf("%s (%s): CUDA error: %s\n", name, mode, cudaGetErrorString(err));
   else
     cudaMemcpy(got.data(), items, want.size() * sizeof(int64_t), cudaMemcpyDeviceToHost);
   cudaFree(items);
-  int wrong = 0;
+  int wrong = err == cudaSuccess ? 0 : 1;
   for (std::size_t i = 0; i < want.size(); ++i) {
     if (got[i] == want[i]) continue;
     if (++wrong <= kKeep)
@@ -205,6 +217,27 @@ int run_order_case(const char* name, const std::vector<int64_t>& lengths, int nu
   return wrong == 0 ? 0 : 1;
 }
 
+// launch_per_item refuses the ordered grid (1, Hv, N) for N past kMaxOrderedSequences (its z is the
+// sequence rank; gridDim.z <= 65535): cudaErrorInvalidValue, before any launch (no sticky error). The
+// order is never read there; at the cap it launches (run_order_case's kMaxOrderedSequences case).
+int check_order_cap() {
+  int32_t* order = nullptr;
+  cudaMalloc(&order, sizeof(int32_t));
+  kern::ForwardParams p;
+  p.batch = 1;
+  p.num_seqs = kern::kMaxOrderedSequences + 1;
+  p.num_v_heads = 2;
+  p.sequence_order = order;
+  int64_t* items = nullptr;
+  const cudaError_t refused = kern::launch_per_item<RecordItems>(record_items, p, p.num_seqs, 1, nullptr, items);
+  const cudaError_t after = cudaDeviceSynchronize();
+  cudaFree(order);
+  const bool ok = refused == cudaErrorInvalidValue && after == cudaSuccess;
+  std::printf("order over kMaxOrderedSequences + 1 sequences: launch_per_item gives %s, then %s: %s\n",
+              cudaGetErrorString(refused), cudaGetErrorString(after), ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 // n lengths in [0, range) from a fixed linear congruential sequence (many ties where range << n).
 std::vector<int64_t> pseudo_random_lengths(int64_t n, int64_t range) {
   std::vector<int64_t> lengths(static_cast<std::size_t>(n));
@@ -238,5 +271,6 @@ int main() {
   failures += run_order_case<int32_t>("order: 2049 sequences, many ties", pseudo_random_lengths(2049, 20), 1);
   failures += run_order_case<int32_t>("order: kMaxOrderedSequences",
                                       pseudo_random_lengths(kern::kMaxOrderedSequences, 5000), 3);
+  failures += check_order_cap();
   return failures == 0 ? 0 : 1;
 }
