@@ -76,6 +76,16 @@ __device__ __forceinline__ void store_chunk_gates(float* gcum, float* beta, cons
   beta[2 * lane + 1] = gates.beta[1];
 }
 
+// The decay-window terms (ForwardParams::chunk_window_terms; plan/decay_window.h): a chunk's term is the
+// sum over its tokens of g_t + window_growth(beta_t |k_t|^2), where window_growth is the log of the
+// largest gain of the token's I - beta_t k_t k_t^T (1 off k_t, 1 - beta_t |k_t|^2 along it), 0 unless
+// beta_t |k_t|^2 > 2. The chunk inverse, v5 keeping the inverse cache and the CP window scan form it.
+__device__ __forceinline__ float window_growth(float beta_norm2) { return logf(fmaxf(1.f, fabsf(1.f - beta_norm2))); }
+// The chunk's term from its gates' sum (gcum[63], log2 units) and its growth terms' sum.
+__device__ __forceinline__ float chunk_window_term(float gamma_log2, float growth) {
+  return gamma_log2 / kLog2e + growth;
+}
+
 // Both at once (warp 0).
 __device__ __forceinline__ void load_chunk_gates(const ForwardParams& p, float* gcum, float* beta, int64_t b,
                                                  int64_t t0, int rows, int h) {

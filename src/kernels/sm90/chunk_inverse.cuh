@@ -371,10 +371,11 @@ struct ChunkInverse {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int t = 2 * lane + i;
-      sum += logf(fmaxf(1.f, fabsf(1.f - s.beta[v][t] * s.k_norm2[t])));
+      sum += window_growth(s.beta[v][t] * s.k_norm2[t]);
     }
     sum = warp_sum(sum);
-    if (lane == 0) p.chunk_window_terms[blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h] = s.gcum[v][kChunk - 1] / kLog2e + sum;
+    if (lane == 0)
+      p.chunk_window_terms[blockIdx.x * static_cast<int64_t>(p.num_v_heads) + h] = chunk_window_term(s.gcum[v][kChunk - 1], sum);
   }
 
   // The fp32 inverse's rows of valid tokens, row-major in 16-byte vectors (entries above the

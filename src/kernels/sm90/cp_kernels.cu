@@ -44,6 +44,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/chain_step.cuh"
+#include "kernels/sm90/chunk_gates.cuh"
 #include "kernels/sm90/elem_types.cuh"
 #include "kernels/sm90/grid_dependency.cuh"
 #include "kernels/sm90/sequence.cuh"
@@ -73,7 +74,7 @@ __device__ __forceinline__ float window_term(const ForwardParams& p, int64_t b, 
 #pragma unroll
     for (int i = 0; i < 8; ++i) norm2 += to_float(e[i]) * to_float(e[i]);
   }
-  return p.g[gate_at] + logf(fmaxf(1.f, fabsf(1.f - beta * norm2)));
+  return p.g[gate_at] + window_growth(beta * norm2);
 }
 
 // Tiles of 16 chunks: the 32 half-chunk sums of a tile in parallel (warp w sums half-chunks w,

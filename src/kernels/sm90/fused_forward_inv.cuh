@@ -315,7 +315,7 @@ struct FusedForwardInv {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     {
       const float d = s.inverse.l_diag_t[warp][lane % 16][lane % 16];
-      const float term = warp_sum(lane < 16 ? logf(fmaxf(1.f, fabsf(1.f - d))) : 0.f);
+      const float term = warp_sum(lane < 16 ? window_growth(d) : 0.f);
       if (lane == 0) s.window_parts[warp] = term;
     }
     const float* gcum = s.gcum[stage];
@@ -373,7 +373,7 @@ struct FusedForwardInv {
     Aux::group_sync(Aux::kAuxBarrier);  // the four warps' window parts
     if (threadIdx.x == 0) {
       const float sum = (s.window_parts[0] + s.window_parts[1]) + (s.window_parts[2] + s.window_parts[3]);
-      p.chunk_window_terms[(item.first_chunk_id + c) * p.num_v_heads + h] = gcum[kChunk - 1] / kLog2e + sum;
+      p.chunk_window_terms[(item.first_chunk_id + c) * p.num_v_heads + h] = chunk_window_term(gcum[kChunk - 1], sum);
     }
   }
 
