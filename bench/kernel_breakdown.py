@@ -6,7 +6,8 @@ launched with programmatic dependent launch (FLASHGDN_PDL, default on), under wh
 early and waits for the previous one, so its CUPTI time would include the wait: the kernel times come
 from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as the environment says).
 
-    python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV[:KERNEL[:CP]] ...] [--calls N]
+    python bench/kernel_breakdown.py [COUNTxLENGTH:HQK:HV[:KERNEL[:CP]] ...] [--calls N] [--dtype fp16]
+                                     [--gates model]
         (default: the short-sequence rows 8x1024:16:32 4x2048:16:32 8x1024:2:8 1x2048:16:32 4x8192:16:32)
     LENGTH may list the sequences' lengths '+'-joined (1x1024+7168). KERNEL (rs, inv) pins the fused kernel
     through ops.forward_into, with CP auto (default), off, or a segment length in chunks (forced on).
@@ -15,6 +16,8 @@ from a child process with FLASHGDN_PDL=0, the whole call from this one (PDL as t
     CP cache where it runs CP and its inverse cache (every call but decode-sized and shard ones: written
     by the register-state kernel's chunk inverse, or by the inverse-inside kernel itself), as the
     benchmark's bwd rows). KERNEL keep times that forward (ops.forward_into writing those caches).
+    --dtype fp16: q, k, v (and dO) cast to fp16 (default bf16, the benchmark's); --gates: the gate recipe
+    (flashgdn.bench.inputs: bench, the default, or model).
 """
 
 from __future__ import annotations
@@ -64,12 +67,20 @@ def forward_cache_kwargs(x, inp) -> dict:
     return ops.CpCache.backward_kwargs(cache) if cache is not None else {}
 
 
+DTYPE, GATES = "bf16", "bench"  # main's --dtype and --gates
+
+
 def call_of(spec: str):
     shape, hqk, hv, *pinned = spec.split(":")
     count, length = shape.split("x")
     lengths = [int(n) for n in length.split("+")] * int(count)
-    inp = make_inputs(lengths, int(hqk), int(hv), backward=bool(pinned) and pinned[0] == "bwd")
+    inp = make_inputs(lengths, int(hqk), int(hv), gates=GATES, backward=bool(pinned) and pinned[0] == "bwd")
     x = inp["x"]
+    if DTYPE == "fp16":
+        for name in ("q", "k", "v"):
+            x[name] = x[name].half()
+        if "do" in inp:
+            inp["do"] = inp["do"].half()
     if pinned and pinned[0] == "bwd":
         cp = pinned[1] if len(pinned) > 1 else "auto"
         mode, segment = (0, 0) if cp in ("auto", "cache") else (1, 0) if cp == "off" else (2, int(cp))
@@ -126,14 +137,18 @@ def main() -> None:
     parser.add_argument("configs", nargs="*", default=DEFAULT)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--kernel-times-json", action="store_true", help="(internal) print the kernel times as JSON")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--gates", choices=("bench", "model"), default="bench")
     args = parser.parse_args()
+    global DTYPE, GATES
+    DTYPE, GATES = args.dtype, args.gates
     if args.kernel_times_json:
         print(json.dumps({spec: kernel_times(spec, args.calls) for spec in args.configs}))
         return
     pdl = os.environ.get("FLASHGDN_PDL", "1") != "0"
     if pdl:
         child = subprocess.run([sys.executable, __file__, "--kernel-times-json", "--calls", str(args.calls),
-                                *args.configs], env={**os.environ, "FLASHGDN_PDL": "0"}, check=True,
+                                "--dtype", args.dtype, "--gates", args.gates, *args.configs], env={**os.environ, "FLASHGDN_PDL": "0"}, check=True,
                                capture_output=True, text=True)
         times = json.loads(child.stdout.strip().splitlines()[-1])
     for spec in args.configs:

@@ -88,14 +88,32 @@ def assert_padding_zero(grads, end):
         assert (tail == 0).all(), f"{name}: padding tokens past cu_seqlens[-1] = {end} must get zero gradients"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("with_h0", [True, False])
 @pytest.mark.parametrize("with_dht", [True, False])
-def test_regimes(seed, regime, with_h0, with_dht):
-    x = make_inputs(2, 1000, 2, 4, regime=regime, initial_state=with_h0)
+def test_regimes(seed, regime, with_h0, with_dht, dtype):
+    x = make_inputs(2, 1000, 2, 4, regime=regime, dtype=dtype, initial_state=with_h0)
     do, dht = upstream(x, with_dht)
     grads = run_poisoned(x, do, dht)
     check(x, grads, do, dht)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("first_gate", [None, -9.0, -12.0, -15.0])
+def test_dh0_strong_decay(seed, dtype, first_gate):
+    """Strong decay (A = 16 on every head), h0 and no dht: dh0 comes from each sequence's first tokens
+    through gates of ~e^-11 a token (first_gate pins every head's first gate: rms(dh0) ~ 1e-6 .. 2e-9)
+    and must still be within 1%. fp16 before the dS pass's gate shift (backward_ds_pass.cuh gate_shift):
+    5.4e-2 at rms(dh0) 2.1e-7 on the H200 (bench/dh0_strong_decay.py, session 37); the CPU emulation
+    (bench/dh0_fp16_emulation.py) 2.2e-2 / 3.9e-1 / 1.0 at first gates -9 / -12 / -15 (q = s Gamma Q, -Ag
+    Gamma and dU in fp16's subnormal range, or under it), 2.2e-4 with the shift; bf16 ~1.6e-3."""
+    x = make_inputs(2, 1000, 2, 4, regime="strong", dtype=dtype, initial_state=True)
+    if first_gate is not None:
+        x["g"][:, 0, :] = first_gate
+    do, _ = upstream(x, False)
+    grads = run_poisoned(x, do)
+    check(x, grads, do)
 
 
 @pytest.mark.parametrize("l2norm, state_v_first", [(False, False), (True, True)])

@@ -16,7 +16,11 @@
 //   dVd^T [64v, 64t] = D^T (rho K)^T + s dO^T P                 (dVd = rho (.) (K D) + (sP)^T dO)
 //   dU^T  [64v, 64t] = dVd^T (-Ag Gamma)                          (dU = -Gamma Ag^T dVd)
 //   D^T'  [64v,128k] = e^gamma D^T + dU^T K + dO^T (s Gamma Q)   (D' = e^gamma D + K^T dU + Q^T s Gamma dO)
-// Every factor is at most 1 (gcum falls within a chunk), so no scaling overflows.
+// Every factor is at most 1 (gcum falls within a chunk), so no scaling overflows. fp16 (gate_shift): q
+// and ag carry 2^shift Gamma, shift = floor(-gcum[0]) (the chunk's first factor in (1/2, 1]: still at
+// most 1), so the terms D^T gets from them are 2^shift too large: D^T *= 2^shift e^gamma before, 2^-shift
+// after the chunk's wgmmas (else q, ag and dU, gated by ~e^-11 a token under strong decay, fall into
+// fp16's subnormals and dh0 loses its digits).
 //
 // Grid (N sequences or max segments, Hv), or (1, Hv, N) with the sequence order (the sequences longest
 // first, sequence.cuh heads_fastest); block 384 threads = 3 warpgroups, v4's shared memory (193 KiB) and ring.
@@ -170,21 +174,41 @@ struct BackwardDsPass {
     for (int w = 0; w < 4; ++w) words[w] = scale_pair(words[w], f[w]);
     *reinterpret_cast<uint4*>(to) = unit;
   }
+  // fp16's shift of a chunk's gate factors (log2 units): under strong decay the factors e^{g_t} of
+  // q = s Gamma Q and ag = -Ag Gamma, and with them dU = dVd^T (-Ag Gamma), are below fp16's smallest
+  // normal (6.1e-5; e^{g_0} ~ e^-11 a token under real-model gates with A = 16) and keep a few bits:
+  // dh0, which then comes from the chunk's first tokens through exactly these products, lost up to 5%
+  // (bench/dh0_fp16_emulation.py). So q and ag carry 2^shift e^{g_t}, shift = floor(-gcum[0]) (at most
+  // 126: 2^-shift stays a normal fp32), putting the chunk's first factor in (1/2, 1]; their products
+  // (dU^T K, dO^T q) come out 2^shift too large, and D^T, pre-multiplied by 2^shift e^gamma (<= 1 as
+  // before) instead of e^gamma, sums with them and is multiplied by 2^-shift after: powers of two,
+  // exact in fp32. bf16 has fp32's exponent range: shift 0, its code unchanged.
+  static __device__ __forceinline__ float gate_shift(float g0) {
+    if constexpr (std::is_same_v<Elem, __half>) return fmaxf(0.f, fminf(floorf(-g0), 126.f));
+    else return 0.f;
+  }
+  // g + shift (exact: an integer no larger than -g_0 >= -g); bf16's g itself, no add
+  static __device__ __forceinline__ float shifted(float g, float shift) {
+    if constexpr (std::is_same_v<Elem, __half>) return g + shift;
+    else return g;
+  }
+
   // Thread i < 64 of the aux group, counted from warp 1: token i's factors; 64 <= i < 80: Ag's columns
   // 4 (i - 64) .. + 3. Warp 0 writes none: its thread 0 issues each chunk's loads (aux_loop), the
   // longest of the group's per-chunk paths; warps 1 and 2 store the fewest of P's blocks after warp 0.
   // Read after a group barrier.
   static __device__ __forceinline__ void write_operand_factors(OperandFactors& f, const float* gcum, float scale) {
     const int i = (threadIdx.x + 96) % 128;
+    const float shift = gate_shift(gcum[0]);  // 2^shift on the e^{g_t} of q and ag (fp16; 0 for bf16)
     if (i < kChunk) {
       const float g = gcum[i];
-      const float k_factor = exp2_approx(gcum[kChunk - 1] - g), q_factor = scale * exp2_approx(g);
+      const float k_factor = exp2_approx(gcum[kChunk - 1] - g), q_factor = scale * exp2_approx(shifted(g, shift));
       const PackedFactor k = packed_factor(k_factor, k_factor), q = packed_factor(q_factor, q_factor);
       f.rows[i] = make_uint4(k.hi, k.lo, q.hi, q.lo);
     } else if (i < kChunk + kChunk / 4) {
       const float4 g = *reinterpret_cast<const float4*>(gcum + 4 * (i - kChunk));
-      const PackedFactor a = packed_factor(-exp2_approx(g.x), -exp2_approx(g.y)),
-                         b = packed_factor(-exp2_approx(g.z), -exp2_approx(g.w));
+      const PackedFactor a = packed_factor(-exp2_approx(shifted(g.x, shift)), -exp2_approx(shifted(g.y, shift))),
+                         b = packed_factor(-exp2_approx(shifted(g.z, shift)), -exp2_approx(shifted(g.w, shift)));
       f.ag_columns[i - kChunk] = make_uint4(a.hi, a.lo, b.hi, b.lo);
     }
   }
@@ -389,10 +413,16 @@ struct BackwardDsPass {
       for (int ks = 0; ks < 4; ++ks)
         wg::mma_rs<Elem, 64, Major::kMN>(du, dvd_frag[ks], wg::k_step<Major::kMN>(ag0, 16 * ks, kChunk), ks > 0);
       wg::commit();
+      float shift = 0.f;  // fp16: gate_shift's 2^shift on q, ag (so on dU), and here on D^T
       {  // D^T *= e^gamma under dU's wgmmas (D^T is no operand of theirs); the volatile load keeps it after their issue
         float g;
         asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(g) : "r"(smem_addr(&s.gcum[buf][kChunk - 1])) : "memory");
-        const float decay = exp2_approx(g);
+        if constexpr (std::is_same_v<Elem, __half>) {
+          float g0;
+          asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(g0) : "r"(smem_addr(&s.gcum[buf][0])) : "memory");
+          shift = gate_shift(g0);
+        }
+        const float decay = exp2_approx(shifted(g, shift));
 #pragma unroll
         for (int x = 0; x < 64; ++x) dt[x] *= decay;
       }
@@ -415,6 +445,13 @@ struct BackwardDsPass {
       wg::wait<0>();
       wg::fence_operand(dt);
       tma::arrive(&s.free[buf]);  // every read of the slot is done
+      if constexpr (std::is_same_v<Elem, __half>) {
+        if (shift != 0.f) {  // D^T back from 2^shift (warp-uniform: no multiply under weak decay)
+          const float unshift = __int_as_float((127 - static_cast<int>(shift)) << 23);
+#pragma unroll
+          for (int x = 0; x < 64; ++x) dt[x] *= unshift;
+        }
+      }
       wg::to_fragments<Elem, 8>(dt, dt_frag);
       parity ^= buf;
       buf ^= 1;
