@@ -107,7 +107,9 @@ def test_dh0_strong_decay(seed, dtype, first_gate):
     and must still be within 1%. fp16 before the dS pass's gate shift (backward_ds_pass.cuh gate_shift):
     5.4e-2 at rms(dh0) 2.1e-7 on the H200 (bench/dh0_strong_decay.py, session 37); the CPU emulation
     (bench/dh0_fp16_emulation.py) 2.2e-2 / 3.9e-1 / 1.0 at first gates -9 / -12 / -15 (q = s Gamma Q, -Ag
-    Gamma and dU in fp16's subnormal range, or under it), 2.2e-4 with the shift; bf16 ~1.6e-3."""
+    Gamma and dU in fp16's subnormal range, or under it), 2.2e-4 with the shift; bf16 ~1.6e-3. The
+    pinned first gates fail without the shift on any seed; the natural one only where the draw makes
+    dh0 small (FLASHGDN_TEST_SEED=192460836 replays the H200's 5.4e-2)."""
     x = make_inputs(2, 1000, 2, 4, regime="strong", dtype=dtype, initial_state=True)
     if first_gate is not None:
         x["g"][:, 0, :] = first_gate

@@ -182,7 +182,10 @@ struct BackwardDsPass {
   // 126: 2^-shift stays a normal fp32), putting the chunk's first factor in (1/2, 1]; their products
   // (dU^T K, dO^T q) come out 2^shift too large, and D^T, pre-multiplied by 2^shift e^gamma (<= 1 as
   // before) instead of e^gamma, sums with them and is multiplied by 2^-shift after: powers of two,
-  // exact in fp32. bf16 has fp32's exponent range: shift 0, its code unchanged.
+  // exact in fp32. bf16 has fp32's exponent range: shift 0, its code unchanged. "Factors at most 1"
+  // rests on the gates' contract g <= 0 (problem.h: log-decays, gcum falling within a chunk), which no
+  // kernel checks: a positive gate after a very negative first one would lift a shifted factor above 1
+  // and could overflow fp16 where the unshifted one would only have lost digits.
   static __device__ __forceinline__ float gate_shift(float g0) {
     if constexpr (std::is_same_v<Elem, __half>) return fmaxf(0.f, fminf(floorf(-g0), 126.f));
     else return 0.f;
