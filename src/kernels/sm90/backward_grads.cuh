@@ -5,31 +5,33 @@
 // src/reference/backward_chunked.cpp (float64) without the dS update.
 //
 // Grid: one persistent CTA per SM (216 KiB), items (chunk, v-head) index = chunk * Hv + h (a chunk's
-// v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block 256
-// threads = 2 warpgroups g. The next item's loads run under this item's last stages: its early set
-// (V, dO, dS^T) is issued after stage C, its S^T after stage D, its late set (K, Q, Ag, gate record)
-// after stage E's wgmmas, its A_r (registers) under E's wgmmas, where the issuer also looks up the
-// item after it. Every product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide
-// products (V or K columns) and columns 32 g .. of the 64-wide ones (m64n32), except X (both groups
-// form it whole: it is Y's A operand, from registers). Operand majors as in wgmma.cuh ("K" K-major,
-// "MN"). With bp.group_sums a CTA takes units (chunk, q/k head) instead, their group's v-heads in a
-// row (the item index is unchanged): dq, dk run as a sum over the group in fp32 workspace (dq_heads,
-// [unit][dq, dk][64][128], float2 columns swizzled by row): an item stages it in retired tiles (dq:
-// Vd, dVd; dk: dU, dA_r, dP) for a bulk store, and the next v-head's item brings it back by bulk TMA
-// into tiles its own stages have retired (dq: Vd, dVd after stage C, added into dq before E; dk:
-// A_r, Pg, dA_r after D and its last 16 rows into dVd after dq's add, added after E) and adds; the
-// group's last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces, as
-// direct_qk).
+// v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block 256 threads
+// = 2 warpgroups g. The next item's loads run under this item's last stages: its early set (V, dO,
+// dS^T and its gate record, into a landing slot of its own) is issued after stage C, its S^T after
+// stage D, its late set (K, Q, Ag) after stage E's wgmmas, its A_r (registers) under E's wgmmas, where
+// the issuer also looks up the item after it. Every product has M = 64 tokens; group g owns columns 64
+// g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones (m64n32),
+// except X (both groups form it whole: it is Y's A operand, from registers). Operand majors as in
+// wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes units (chunk, q/k head) instead, their
+// group's v-heads in a row (the item index is unchanged): dq, dk run as a sum over the group in fp32
+// workspace (dq_heads, [unit][dq, dk][64][128], float2 columns swizzled by row): an item stages it in
+// retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a bulk store, and the next v-head's item brings it
+// back by bulk TMA into tiles its own stages have retired (dq: Vd, dVd after stage C, added into dq
+// before E; dk: A_r, Pg, dA_r after D and its last 16 rows into dVd after dq's add, added after E) and
+// adds; the group's last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces,
+// as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
-// [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; gates;
+// [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; the item's gate record
+// (gcum, beta) and the next item's landing slot (gates_in, 512 B);
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
 //   0  wait for the item's two load sets (TMA, thread kIssuer, two mbarriers; a partial chunk's rows
 //      past its end zeroed after): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse),
-//      the gate record; A_r (fp32 in registers in the group's [64, 32] layout, read from the chunk
-//      inverse's fp16 rows, or fp32 ones with inverse_fp32) -> its bf16 tile
+//      the gate record (early set, landed in gates_in: copied into gcum, beta); A_r (fp32 in
+//      registers in the group's [64, 32] layout, read from the chunk inverse's fp16 rows, or fp32 ones
+//      with inverse_fp32) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
@@ -121,8 +123,11 @@ struct BackwardGrads {
     alignas(1024) unsigned char vd[kTokenTileBytes];
     alignas(1024) unsigned char dvd[kTokenTileBytes];
     alignas(1024) unsigned char du[kTokenTileBytes];
-    alignas(16) float gcum[kChunk];  // the chunk's gate record (chunk_gates.cuh): gcum, then beta
+    // the item's gate record (chunk_gates.cuh): gcum, then beta, copied at stage 0 from gates_in, where
+    // the early set lands it (after the previous item's stage C, while that item still reads gcum, beta)
+    alignas(16) float gcum[kChunk];
     float beta[kChunk];
+    alignas(16) float gates_in[2 * kChunk];
     float dgs_part[8][kChunk];     // per warp: dg_s row and column terms
     float dbeta_col[8][kChunk];    // per warp: colsum(dAg G A_r) over its 16 rows
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
@@ -343,11 +348,14 @@ struct BackwardGrads {
   }
 
   // The boxes of an item in three sets with one mbarrier each, so that the next item's loads run under
-  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C), S^T (read up to
-  // stage D) and the late set (K, Q, Ag and the gate record: read up to stage E).
-  static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes;
-  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kSquareTileBytes + 2 * kChunk * 4;
-  static __device__ void issue_early(const BackwardTileMaps& maps, SharedStorage& s, const Item& it) {
+  // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C; and the gate
+  // record into gates_in, read only by stage 0's copy into gcum, beta), S^T (read up to stage D) and the
+  // late set (K, Q, Ag: read up to stage E).
+  static constexpr uint32_t kGateBytes = 2 * kChunk * 4;
+  static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes + kGateBytes;
+  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kSquareTileBytes;
+  static __device__ void issue_early(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
+                                     const Item& it) {
     const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
     tma::arrive_expect_bytes(&s.early, kEarlyBytes);
     for (int panel = 0; panel < 2; ++panel) {
@@ -356,6 +364,7 @@ struct BackwardGrads {
       tma::load_4d(s.d_o + panel * kPanelBytes, &maps.d_o, &s.early, col, it.h, t0, b);
       tma::load_2d(s.dst + panel * kStatePanelBytes, &maps.grad_states, &s.early, col, state_row(it));
     }
+    tma::load_bulk(s.gates_in, p.chunk_gates + it.index * 2 * kChunk, kGateBytes, &s.early);
   }
   static __device__ void issue_late(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                     const Item& it) {
@@ -367,7 +376,6 @@ struct BackwardGrads {
       tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
     }
     tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
-    tma::load_bulk(s.gcum, p.chunk_gates + it.index * 2 * kChunk, 2 * kChunk * 4, &s.late);
   }
   static __device__ void issue_state(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                      const Item& it) {
@@ -638,7 +646,7 @@ struct BackwardGrads {
       tma::fence_barrier_init();
       s.next = find_item(bp, first_index(bp), Item{});
       if (s.next.valid) {
-        issue_early(maps, s, s.next);
+        issue_early(p, maps, s, s.next);
         issue_state(p, maps, s, s.next);
         issue_late(p, maps, s, s.next);
       }
@@ -704,6 +712,9 @@ struct BackwardGrads {
     unpack_inverse(p, group, a_r);  // its loads were issued an item ahead
     store_panel<32>(s.ar, 4 * group, [&](int j, int e) { return a_r[4 * j + e]; });
     tma::wait(&s.early, it.ordinal % 2);
+    // the gate record from the early set's landing slot into gcum, beta (read after stage 0's barrier)
+    if (threadIdx.x < 2 * kChunk / 4)
+      reinterpret_cast<float4*>(s.gcum)[threadIdx.x] = reinterpret_cast<const float4*>(s.gates_in)[threadIdx.x];
     tma::wait(&s.state, it.ordinal % 2);
     tma::wait(&s.late, it.ordinal % 2);
     timeline_mark(p, group, it.ordinal, 1);
@@ -917,7 +928,7 @@ struct BackwardGrads {
       // the lines of the next lookup (from next's sequence, at this item's end) into L1, after
       // wait_bulk's L1 invalidation (CCTL.IVALL)
       if (next.valid) prefetch_chunk_lookup(p, next.seq);
-      if (next.valid) issue_early(maps, s, next);
+      if (next.valid) issue_early(p, maps, s, next);
     }
 
     // ── Stage D: X; Y, KK -> dL, dbeta, dM ─────────────────────────────────────────────────────
@@ -1020,8 +1031,8 @@ struct BackwardGrads {
       wg::fence_operand(dk);
       wg::fence_operand(dk_rest);
       timeline_mark(p, group, it.ordinal, 7);
-      // dK_a's factor rho from the gate record (before the barrier: the next item's late set rewrites
-      // it), not kept in registers since stage C (4 bytes spilled at 255 registers)
+      // dK_a's factor rho from the gate record, not kept in registers since stage C (4 bytes spilled at
+      // 255 registers); gcum is rewritten only at the next item's stage 0 (the next record is in gates_in)
       const float rho[2] = {exp2_approx(gamma - s.gcum[acc_row(0)]), exp2_approx(gamma - s.gcum[acc_row(2)])};
       if (threadIdx.x % 128 == 0) tma::wait_bulk_read<0>();  // dv's TMA store has read dU's panel (restaged below)
       __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
