@@ -8,18 +8,18 @@
 // v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block 256 threads
 // = 2 warpgroups g. The next item's loads run under this item's last stages: its early set (V, dO,
 // dS^T and its gate record, into a landing slot of its own) is issued after stage C, its S^T after
-// stage D, its late set (K, Q, Ag) after stage E's wgmmas, its A_r (registers) under E's wgmmas, where
-// the issuer also looks up the item after it. Every product has M = 64 tokens; group g owns columns 64
-// g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones (m64n32),
-// except X (both groups form it whole: it is Y's A operand, from registers). Operand majors as in
-// wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes units (chunk, q/k head) instead, their
-// group's v-heads in a row (the item index is unchanged): dq, dk run as a sum over the group in fp32
-// workspace (dq_heads, [unit][dq, dk][64][128], float2 columns swizzled by row): an item stages it in
-// retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a bulk store, and the next v-head's item brings it
-// back by bulk TMA into tiles its own stages have retired (dq: Vd, dVd after stage C, added into dq
-// before E; dk: A_r, Pg, dA_r after D and its last 16 rows into dVd after dq's add, added after E) and
-// adds; the group's last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces,
-// as direct_qk).
+// stage D, its late set (K, Q) and its Ag (own mbarrier, waited at stage B) after stage E's wgmmas,
+// its A_r (registers) under E's wgmmas, where the issuer also looks up the item after it. Every
+// product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
+// and columns 32 g .. of the 64-wide ones (m64n32), except X (both groups form it whole: it is Y's A
+// operand, from registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a
+// CTA takes units (chunk, q/k head) instead, their group's v-heads in a row (the item index is
+// unchanged): dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128],
+// float2 columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP)
+// for a bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages
+// have retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its
+// last 16 rows into dVd after dq's add, added after E) and adds; the group's last v-head writes dq, dk
+// in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; the item's gate record
@@ -27,15 +27,17 @@
 // per-warp partial sums (fixed-order adds: deterministic).
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
-//   0  wait for the item's two load sets (TMA, thread kIssuer, two mbarriers; a partial chunk's rows
-//      past its end zeroed after): K, Q, V, dO, S^T, dS^T, Ag (the gated copy of the chunk inverse),
-//      the gate record (early set, landed in gates_in: copied into gcum, beta); A_r (fp32 in
-//      registers in the group's [64, 32] layout, read from the chunk inverse's fp16 rows, or fp32 ones
-//      with inverse_fp32) -> its bf16 tile
+//   0  wait for the item's load sets but Ag (TMA, thread kIssuer, an mbarrier each: early, state,
+//      late; a partial chunk's rows past its end zeroed after): K, Q, V, dO, S^T, dS^T and the gate
+//      record (early set, landed in gates_in: copied into gcum, beta); A_r (fp32 in registers in the
+//      group's [64, 32] layout, read from the chunk inverse's fp16 rows, or fp32 ones with
+//      inverse_fp32) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
-//   B  Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
+//   B  at its top, the wait for Ag (the gated copy of the chunk inverse, its own mbarrier; a partial
+//      chunk's Ag rows zeroed after, then a barrier)
+//      Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
 //      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
 //      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
 //   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM, staged in dU's panel g: D's dU S^T reads it)
@@ -133,7 +135,7 @@ struct BackwardGrads {
     float dbeta_row[8][kChunk];    // per warp: rowsum(dL (.) KK) over its group's 32 columns
     float ka_part[8];
     float state_dot_part[8];  // <dS, S>: per warp over its share of the state tiles, or the pre-pass's 8 partials
-    alignas(8) uint64_t early, state, late;  // the item's three load sets
+    alignas(8) uint64_t early, state, late, ag_set;  // the item's four load sets (ag_set: Ag alone)
     uint64_t partial, partial_dk;     // group_sums: the group's running dq sum, its dk sum
     Item next;                        // the item whose loads are in flight (thread 128 -> all)
     Item after;                       // the item after next, looked up an item ahead (thread 128 only)
@@ -349,11 +351,14 @@ struct BackwardGrads {
 
   // The boxes of an item in three sets with one mbarrier each, so that the next item's loads run under
   // this item's last stages: the early set (V, dO, dS^T: their last reader is stage C; and the gate
-  // record into gates_in, read only by stage 0's copy into gcum, beta), S^T (read up to stage D) and the
-  // late set (K, Q, Ag: read up to stage E).
+  // record into gates_in, read only by stage 0's copy into gcum, beta), S^T (read up to stage D), the
+  // late set (K, Q: read up to stage E) and Ag (read up to stage C, then dM's bytes up to stage E) on
+  // its own mbarrier, issued with the late set but waited for at stage B's top. Each set is issued
+  // exactly once for every valid item, in the items' order, and its issue for item n + 1 comes after
+  // item n's wait on it: item n's wait is its barrier's phase n, parity ordinal % 2.
   static constexpr uint32_t kGateBytes = 2 * kChunk * 4;
   static constexpr uint32_t kEarlyBytes = 2 * kTokenTileBytes + kStateTileBytes + kGateBytes;
-  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes + kSquareTileBytes;
+  static constexpr uint32_t kLateBytes = 2 * kTokenTileBytes;
   static __device__ void issue_early(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                      const Item& it) {
     const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
@@ -375,7 +380,10 @@ struct BackwardGrads {
       tma::load_4d(s.k + panel * kPanelBytes, &maps.inputs.k, &s.late, col, it.hk, t0, b);
       tma::load_4d(s.q + panel * kPanelBytes, &maps.inputs.q, &s.late, col, it.hk, t0, b);
     }
-    tma::load_4d(s.ag, &maps.inputs.inverse, &s.late, 0, it.h, t0, b);
+  }
+  static __device__ void issue_ag(const BackwardTileMaps& maps, SharedStorage& s, const Item& it) {
+    tma::arrive_expect_bytes(&s.ag_set, kSquareTileBytes);
+    tma::load_4d(s.ag, &maps.inputs.inverse, &s.ag_set, 0, it.h, static_cast<int>(it.t0), static_cast<int>(it.b));
   }
   static __device__ void issue_state(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                      const Item& it) {
@@ -462,14 +470,18 @@ struct BackwardGrads {
   static __device__ __forceinline__ void group_sync(int group) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");
   }
-  // Rows rows..63 of the token tiles and Ag set to zero (a partial chunk's boxes bring the next
-  // sequence's tokens there): 16-byte units, a swizzled row keeps its 128 bytes.
+  // Rows rows..63 of the token tiles (stage 0) and of Ag (stage B's top, after Ag's own wait) set to
+  // zero (a partial chunk's boxes bring the next sequence's tokens there): 16-byte units, a swizzled row
+  // keeps its 128 bytes.
   static __device__ void zero_rows(SharedStorage& s, int rows) {
     static_assert(offsetof(SharedStorage, d_o) == offsetof(SharedStorage, k) + 3 * kTokenTileBytes,
                   "K, Q, V, dO back to back: eight consecutive panels");
     const int units = (kChunk - rows) * 8;  // per 64-row panel
     for (int i = threadIdx.x; i < 8 * units; i += kThreads)
       *reinterpret_cast<uint4*>(s.k + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
+  }
+  static __device__ void zero_ag_rows(SharedStorage& s, int rows) {
+    const int units = (kChunk - rows) * 8;
     for (int i = threadIdx.x; i < units; i += kThreads)
       *reinterpret_cast<uint4*>(s.ag + rows * 128 + i * 16) = make_uint4(0, 0, 0, 0);
   }
@@ -641,6 +653,7 @@ struct BackwardGrads {
       tma::barrier_init(&s.early, 1);
       tma::barrier_init(&s.state, 1);
       tma::barrier_init(&s.late, 1);
+      tma::barrier_init(&s.ag_set, 1);
       tma::barrier_init(&s.partial, 1);
       tma::barrier_init(&s.partial_dk, 1);
       tma::fence_barrier_init();
@@ -649,6 +662,7 @@ struct BackwardGrads {
         issue_early(p, maps, s, s.next);
         issue_state(p, maps, s, s.next);
         issue_late(p, maps, s, s.next);
+        issue_ag(maps, s, s.next);
       }
       s.after = item_after(bp, s.next);  // behind the first item's loads
     }
@@ -774,6 +788,14 @@ struct BackwardGrads {
     timeline_mark(p, group, it.ordinal, 2);
 
     // ── Stage B: Vd, dVd, a ────────────────────────────────────────────────────────────────────
+    // Ag (its own load set, issued with the late set; first read here) and, for a partial chunk, its
+    // rows past the end zeroed (rows is the CTA's: the barrier is uniform)
+    tma::wait(&s.ag_set, it.ordinal % 2);
+    if (rows < kChunk) {
+      zero_ag_rows(s, rows);
+      wg::fence_shared_to_async();
+      __syncthreads();
+    }
     float* dgs = s.dgs_part[warp];
     {
       Acc vd, kds, pdo;  // one round: Vd, K dS and Pg^T dO in separate accumulators
@@ -1035,8 +1057,11 @@ struct BackwardGrads {
       // 255 registers); gcum is rewritten only at the next item's stage 0 (the next record is in gates_in)
       const float rho[2] = {exp2_approx(gamma - s.gcum[acc_row(0)]), exp2_approx(gamma - s.gcum[acc_row(2)])};
       if (threadIdx.x % 128 == 0) tma::wait_bulk_read<0>();  // dv's TMA store has read dU's panel (restaged below)
-      __syncthreads();  // every read of K, Q, S^T, Ag and the gates done; the dg_s partials complete
-      if (threadIdx.x == kIssuer && s.next.valid) issue_late(p, maps, s, s.next);
+      __syncthreads();  // every read of K, Q, S^T and dM (Ag's bytes) done; the dg_s partials complete
+      if (threadIdx.x == kIssuer && s.next.valid) {
+        issue_late(p, maps, s, s.next);
+        issue_ag(maps, s, s.next);  // dM's last reader was stage E's wgmmas
+      }
 #pragma unroll
       for (int x = 0; x < 32; ++x) dk[x] = fmaf(rho[(x % 4) / 2], dk[x], dk_rest[x]);  // dK_a = rho (.) (Vd dS^T)
     }
