@@ -8,18 +8,19 @@
 // v-heads side by side: their K, Q rows shared in L2) taken in strides of the grid; block 256 threads
 // = 2 warpgroups g. The next item's loads run under this item's last stages: its early set (V, dO,
 // dS^T and its gate record, into a landing slot of its own) is issued after stage C, its S^T after
-// stage D, its late set (K, Q) and its Ag (own mbarrier, waited at stage B) after stage E's wgmmas,
-// its A_r (registers) under E's wgmmas, where the issuer also looks up the item after it. Every
-// product has M = 64 tokens; group g owns columns 64 g .. of the 128-wide products (V or K columns)
-// and columns 32 g .. of the 64-wide ones (m64n32), except X (both groups form it whole: it is Y's A
-// operand, from registers). Operand majors as in wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a
-// CTA takes units (chunk, q/k head) instead, their group's v-heads in a row (the item index is
-// unchanged): dq, dk run as a sum over the group in fp32 workspace (dq_heads, [unit][dq, dk][64][128],
-// float2 columns swizzled by row): an item stages it in retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP)
-// for a bulk store, and the next v-head's item brings it back by bulk TMA into tiles its own stages
-// have retired (dq: Vd, dVd after stage C, added into dq before E; dk: A_r, Pg, dA_r after D and its
-// last 16 rows into dVd after dq's add, added after E) and adds; the group's last v-head writes dq, dk
-// in q's dtype (staged in dU, Vd, then 16-byte row pieces, as direct_qk).
+// stage D, its late set (K, Q; nothing where they are kept: a unit's next v-head) and its Ag (own
+// mbarrier, waited at stage B) after stage E's wgmmas, its A_r (registers) under E's wgmmas, where the
+// issuer also looks up the item after it. Every product has M = 64 tokens; group g owns columns 64
+// g .. of the 128-wide products (V or K columns) and columns 32 g .. of the 64-wide ones (m64n32),
+// except X (both groups form it whole: it is Y's A operand, from registers). Operand majors as in
+// wgmma.cuh ("K" K-major, "MN"). With bp.group_sums a CTA takes units (chunk, q/k head) instead, their
+// group's v-heads in a row (the item index is unchanged): dq, dk run as a sum over the group in fp32
+// workspace (dq_heads, [unit][dq, dk][64][128], float2 columns swizzled by row): an item stages it in
+// retired tiles (dq: Vd, dVd; dk: dU, dA_r, dP) for a bulk store, and the next v-head's item brings it
+// back by bulk TMA into tiles its own stages have retired (dq: Vd, dVd after stage C, added into dq
+// before E; dk: A_r, Pg, dA_r after D and its last 16 rows into dVd after dq's add, added after E) and
+// adds; the group's last v-head writes dq, dk in q's dtype (staged in dU, Vd, then 16-byte row pieces,
+// as direct_qk).
 //
 // Shared memory (128B-swizzled tiles, wgmma.cuh): K, Q, V (then W), dO [64][128]; S^T, dS^T
 // [128][128]; Ag (then dM), A_r, Pg, dA_r, dP [64][64]; Vd, dVd, dU [64][128]; the item's gate record
@@ -28,18 +29,19 @@
 //
 // Stages (s = scale, Gamma = diag(e^g), rho = e^{gamma - g}, G[i,j] = e^{g_i - g_j} (i >= j)):
 //   0  wait for the item's load sets but Ag (TMA, thread kIssuer, an mbarrier each: early, state,
-//      late; a partial chunk's rows past its end zeroed after): K, Q, V, dO, S^T, dS^T and the gate
-//      record (early set, landed in gates_in: copied into gcum, beta); A_r (fp32 in registers in the
-//      group's [64, 32] layout, read from the chunk inverse's fp16 rows, or fp32 ones with
-//      inverse_fp32) -> its bf16 tile
+//      late; a partial chunk's rows past its end zeroed after): K, Q (kept from the previous item
+//      where it is the unit's previous v-head: the late set's phase then completes by a plain
+//      arrival), V, dO, S^T, dS^T and the gate record (early set, landed in gates_in: copied into
+//      gcum, beta); A_r (fp32 in registers in the group's [64, 32] layout, read from the chunk
+//      inverse's fp16 rows, or fp32 ones with inverse_fp32) -> its bf16 tile
 //   A  U = K S (SS: K "K", S^T rows 64 g.. "K");  W = V - Gamma U -> V's panel g
 //      P = Q K^T (n32, K rows 32 g.. "K"), fp32 in registers;  s G (.) P -> Pg
 //      under those wgmmas: <dS, S> = sum(dS^T (.) S^T) over the two bf16 tiles (8 warps' partials)
 //   B  at its top, the wait for Ag (the gated copy of the chunk inverse, its own mbarrier; a partial
-//      chunk's Ag rows zeroed after, then a barrier)
-//      Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd = rho (.) (K dS) (dS^T rows 64 g.. "K") +
-//      Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three products in one round);
-//      a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32 accumulators): dg_s -= a
+//      chunk's Ag rows zeroed after, then a barrier) Vd = Ag W (Ag "K", W panel g "MN") -> Vd;  dVd =
+//      rho (.) (K dS) (dS^T rows 64 g.. "K") + Pg^T dO (Pg "MN", dO panel g "MN") -> dVd (the three
+//      products in one round); a = rho (.) rowsum((K dS) (.) Vd) (= rowsum(K (.) dK_a) from the fp32
+//      accumulators): dg_s -= a
 //   C  dW = Ag^T dVd (Ag "MN", dVd panel g "MN") -> dv (HBM, staged in dU's panel g: D's dU S^T reads it)
 //      dPg = dO Vd^T, dAg = dVd W^T (n32, B rows 32 g.. "K"): dP = s G (.) dPg -> dP,
 //      dA_r = dAg (.) G (.) 1 beta^T -> dA_r, E = Pg (.) dPg + Ag (.) dAg:
@@ -109,6 +111,9 @@ struct BackwardGrads {
     bool sequence_last;  // the chunk ends its sequence
     uint32_t ordinal;  // the CTA's items before it: its load sets' mbarrier phase is ordinal % 2
     bool valid;
+    // K, Q are the previous item's bytes (the same chunk and q/k head: group_sums' next v-head of a
+    // unit), kept in their tiles: the late set loads nothing (issue_late) and zero_rows skips them
+    bool keep_qk;
   };
   struct SharedStorage {
     alignas(1024) unsigned char k[kTokenTileBytes];
@@ -371,8 +376,15 @@ struct BackwardGrads {
     }
     tma::load_bulk(s.gates_in, p.chunk_gates + it.index * 2 * kChunk, kGateBytes, &s.early);
   }
+  // An item with keep_qk completes the late set's phase by a plain arrival (the barrier's count is 1)
+  // and loads nothing: the phase accounting stays one phase an item, so its wait keeps parity
+  // ordinal % 2 and returns at once.
   static __device__ void issue_late(const ForwardParams& p, const BackwardTileMaps& maps, SharedStorage& s,
                                     const Item& it) {
+    if (it.keep_qk) {
+      tma::arrive(&s.late);
+      return;
+    }
     const int b = static_cast<int>(it.b), t0 = static_cast<int>(it.t0);
     tma::arrive_expect_bytes(&s.late, kLateBytes);
     for (int panel = 0; panel < 2; ++panel) {
@@ -473,11 +485,12 @@ struct BackwardGrads {
   // Rows rows..63 of the token tiles (stage 0) and of Ag (stage B's top, after Ag's own wait) set to
   // zero (a partial chunk's boxes bring the next sequence's tokens there): 16-byte units, a swizzled row
   // keeps its 128 bytes.
-  static __device__ void zero_rows(SharedStorage& s, int rows) {
+  // (K, Q's rows skipped where they are kept from the previous item: zeroed by it, the same rows).
+  static __device__ void zero_rows(SharedStorage& s, int rows, bool keep_qk) {
     static_assert(offsetof(SharedStorage, d_o) == offsetof(SharedStorage, k) + 3 * kTokenTileBytes,
                   "K, Q, V, dO back to back: eight consecutive panels");
     const int units = (kChunk - rows) * 8;  // per 64-row panel
-    for (int i = threadIdx.x; i < 8 * units; i += kThreads)
+    for (int i = threadIdx.x + (keep_qk ? 4 * units : 0); i < 8 * units; i += kThreads)
       *reinterpret_cast<uint4*>(s.k + (i / units) * kPanelBytes + rows * 128 + (i % units) * 16) = make_uint4(0, 0, 0, 0);
   }
   static __device__ void zero_ag_rows(SharedStorage& s, int rows) {
@@ -733,7 +746,7 @@ struct BackwardGrads {
     tma::wait(&s.late, it.ordinal % 2);
     timeline_mark(p, group, it.ordinal, 1);
     if (from_prepass) s.state_dot_part[lane] = prepass_dot_part;
-    if (rows < kChunk) zero_rows(s, rows);
+    if (rows < kChunk) zero_rows(s, rows, it.keep_qk);
     wg::fence_shared_to_async();  // A_r's tile and the zeroed rows, for the wgmmas
     __syncthreads();
     const float gamma = s.gcum[kChunk - 1];
@@ -942,6 +955,10 @@ struct BackwardGrads {
     if (threadIdx.x == kIssuer) {  // V, dO, dS^T are free (moved under X, the issue spills at 255 registers)
       Item next = s.after;  // looked up under the previous item's stage E wgmmas
       next.ordinal = it.ordinal + 1;
+      // K, Q stay (the late set loads nothing) where next is this item's unit's next v-head: the same
+      // chunk and q/k head are the same bytes (nothing but TMA and zero_rows writes K, Q). Set here
+      // for every item: find_item copies the fields of the item it walked from.
+      next.keep_qk = next.valid && next.chunk_id == it.chunk_id && next.hk == it.hk;
       s.next = next;
       if (add_partial) {  // Vd, dVd are retired; ahead of the 64 KiB early set
         tma::wait_bulk<0>();  // the previous item's store of the running sum complete in HBM (long done by now)
