@@ -147,6 +147,12 @@ struct BackwardGrads {
   };
   static_assert(sizeof(SharedStorage) <= 232448, "above the 227 KiB of shared memory a block may opt in to");
   static_assert(offsetof(SharedStorage, beta) == offsetof(SharedStorage, gcum) + kChunk * 4, "one gate record");
+  // keep_qk needs K and Q untouched between items: no stage stages anything in them (the group sums'
+  // staging and bulk loads use Vd, dVd, dU, A_r .. dP, all past them). They lead the storage so that
+  // an offset computed from another tile cannot fall into them.
+  static_assert(offsetof(SharedStorage, k) == 0 &&
+                    offsetof(SharedStorage, v) == offsetof(SharedStorage, q) + kTokenTileBytes,
+                "K, Q first and apart from every staging tile");
 
   static __device__ __forceinline__ int acc_row(int e) { return Tiles::acc_row(e); }
   static __device__ __forceinline__ int acc_col(int j, int e) { return Tiles::acc_col(j, e); }
